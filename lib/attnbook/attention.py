@@ -1,0 +1,190 @@
+"""Score functions, masks and the reference attention (chapters 03 and 04).
+
+Everything here materialises the full ``(..., Tq, Tk)`` score matrix: it is the readable,
+float64-checkable definition that the fast kernels in ``flash`` and ``triton_flash`` are tested
+against.
+
+Conventions (appendix "记号与约定"): tensors are ``(..., T, D)``, usually ``(B, H, T, D)``;
+row-major projections ``Q = X W_Q``; boolean masks use True = may attend (the
+``scaled_dot_product_attention`` convention); ``causal`` with ``Tq != Tk`` is top-left aligned
+(query i may attend key j iff j <= i); a query row with no allowed key returns zeros.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._checks import check_attention_args, check_tensor
+
+__all__ = [
+    "additive_scores",
+    "attention_ref",
+    "causal_mask",
+    "dot_scores",
+    "general_scores",
+    "mask_to_additive",
+    "masked_softmax",
+    "padding_mask",
+    "scaled_dot_scores",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Score functions: (..., Tq, D) x (..., Tk, D) -> (..., Tq, Tk)
+# ---------------------------------------------------------------------------------------------
+
+def _check_qk(q, k, fn: str) -> None:
+    check_tensor("q", q, fn=fn, min_ndim=2)
+    check_tensor("k", k, fn=fn, min_ndim=2)
+    if q.dtype != k.dtype or q.device != k.device:
+        raise TypeError(f"{fn}: q and k must share dtype and device, got {q.dtype}/{q.device} and {k.dtype}/{k.device}")
+
+
+def dot_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Dot-product scores (chapter 03, eq. 3.2): ``e_ij = q_i . k_j``.
+
+    Args: q ``(..., Tq, D)``, k ``(..., Tk, D)``.  Returns ``(..., Tq, Tk)``.
+    """
+    _check_qk(q, k, "dot_scores")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"dot_scores: q and k need the same D, got {tuple(q.shape)} and {tuple(k.shape)}")
+    return q @ k.transpose(-2, -1)  # (..., Tq, Tk)
+
+
+def scaled_dot_scores(q: torch.Tensor, k: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """Scaled dot-product scores (chapter 04, eq. 4.3): ``e_ij = q_i . k_j / sqrt(D)``.
+
+    Args: q ``(..., Tq, D)``, k ``(..., Tk, D)``, scale (default ``1/sqrt(D)``).
+    Returns ``(..., Tq, Tk)``.
+    """
+    s = dot_scores(q, k)
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    elif not (isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale > 0):
+        raise ValueError(f"scaled_dot_scores: `scale` must be a positive number, got {scale!r}")
+    return s * scale
+
+
+def general_scores(q: torch.Tensor, k: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Luong's "general" (bilinear) scores (chapter 03): ``e_ij = q_i W k_j^T``.
+
+    Args: q ``(..., Tq, Dq)``, k ``(..., Tk, Dk)``, weight ``(Dq, Dk)``.  Returns ``(..., Tq, Tk)``.
+    """
+    _check_qk(q, k, "general_scores")
+    check_tensor("weight", weight, fn="general_scores", min_ndim=2)
+    if weight.shape != (q.shape[-1], k.shape[-1]):
+        raise ValueError(
+            f"general_scores: `weight` must have shape (Dq, Dk) = ({q.shape[-1]}, {k.shape[-1]}), "
+            f"got {tuple(weight.shape)}"
+        )
+    return (q @ weight) @ k.transpose(-2, -1)  # (..., Tq, Tk)
+
+
+def additive_scores(
+    q: torch.Tensor, k: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, v_a: torch.Tensor
+) -> torch.Tensor:
+    """Additive (Bahdanau) scores (chapter 03): ``e_ij = v_a . tanh(q_i W_q + k_j W_k)``.
+
+    Bounded: ``|e_ij| <= ||v_a||_1`` because ``|tanh| <= 1``.
+
+    Args: q ``(..., Tq, Dq)``, k ``(..., Tk, Dk)``, w_q ``(Dq, A)``, w_k ``(Dk, A)``, v_a ``(A,)``.
+    Returns ``(..., Tq, Tk)``.
+    """
+    _check_qk(q, k, "additive_scores")
+    for name, t in (("w_q", w_q), ("w_k", w_k)):
+        check_tensor(name, t, fn="additive_scores", min_ndim=2)
+    check_tensor("v_a", v_a, fn="additive_scores", min_ndim=1)
+    a = v_a.shape[-1]
+    if w_q.shape != (q.shape[-1], a) or w_k.shape != (k.shape[-1], a) or v_a.ndim != 1:
+        raise ValueError(
+            f"additive_scores: expected w_q ({q.shape[-1]}, A), w_k ({k.shape[-1]}, A), v_a (A,); got "
+            f"w_q {tuple(w_q.shape)}, w_k {tuple(w_k.shape)}, v_a {tuple(v_a.shape)}"
+        )
+    hidden = torch.tanh((q @ w_q).unsqueeze(-2) + (k @ w_k).unsqueeze(-3))  # (..., Tq, Tk, A)
+    return hidden @ v_a  # (..., Tq, Tk)
+
+
+# ---------------------------------------------------------------------------------------------
+# Masks (True = may attend)
+# ---------------------------------------------------------------------------------------------
+
+def causal_mask(tq: int, tk: int | None = None, *, device=None) -> torch.Tensor:
+    """Causal mask (chapter 04): query i may attend key j iff ``j <= i``.
+
+    Top-left aligned when ``tq != tk``, like ``scaled_dot_product_attention(is_causal=True)``.
+
+    Args: tq, tk (default ``tq``).  Returns a bool tensor ``(tq, tk)``, True = may attend.
+    """
+    tk = tq if tk is None else tk
+    for name, val in (("tq", tq), ("tk", tk)):
+        if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+            raise ValueError(f"causal_mask: `{name}` must be an int >= 1, got {val!r}")
+    return torch.ones(tq, tk, dtype=torch.bool, device=device).tril()
+
+
+def padding_mask(lengths, t: int) -> torch.Tensor:
+    """Key-padding mask (chapter 04): key j of sequence b is real iff ``j < lengths[b]``.
+
+    Args: lengths: ints or a 1-D integer tensor ``(B,)`` with ``0 <= lengths[b] <= t``; t: padded length.
+    Returns a bool tensor ``(B, 1, 1, t)`` that broadcasts against ``(B, H, Tq, Tk)``.
+    """
+    if isinstance(t, bool) or not isinstance(t, int) or t < 1:
+        raise ValueError(f"padding_mask: `t` must be an int >= 1, got {t!r}")
+    lengths = torch.as_tensor(lengths)
+    if lengths.ndim != 1 or lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
+        raise ValueError(f"padding_mask: `lengths` must be a 1-D integer sequence, got {lengths.dtype} {tuple(lengths.shape)}")
+    if (lengths < 0).any() or (lengths > t).any():
+        raise ValueError(f"padding_mask: every entry of `lengths` must lie in [0, {t}], got {lengths.tolist()}")
+    keep = torch.arange(t, device=lengths.device) < lengths[:, None]  # (B, t)
+    return keep[:, None, None, :]  # (B, 1, 1, t)
+
+
+def mask_to_additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """Turn a bool mask (True = may attend) into an additive one (0 / -inf); floats pass through."""
+    if mask is None or mask.dtype != torch.bool:
+        return None if mask is None else mask.to(dtype)
+    out = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return out.masked_fill_(~mask, float("-inf"))
+
+
+def masked_softmax(scores: torch.Tensor) -> torch.Tensor:
+    """Row softmax that returns zeros for rows whose scores are all ``-inf`` (chapter 04).
+
+    A hand-written ``exp(s - max) / sum`` gives 0/0 = NaN on such rows; here the row max is
+    replaced by 0 where it is -inf, so every exp is 0 and the denominator is clamped.
+    """
+    m = scores.amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)  # fully masked row: avoid -inf - -inf
+    p = torch.exp(scores - m)
+    denom = p.sum(dim=-1, keepdim=True)
+    return p / torch.where(denom == 0, torch.ones_like(denom), denom)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference attention
+# ---------------------------------------------------------------------------------------------
+
+def attention_ref(q, k, v, *, mask=None, causal=False, scale=None):
+    """Scaled dot-product attention, materialised (chapter 04, eq. 4.5).
+
+    ``out = softmax(Q K^T * scale + M) V`` where M is 0 / -inf from ``mask`` and ``causal``.
+    Computed in the input dtype (use float64 inputs for a high-precision reference).
+
+    Args:
+        q: ``(..., Tq, D)``; k: ``(..., Tk, D)``; v: ``(..., Tk, Dv)``.
+        mask: bool (True = may attend) or additive float, broadcastable to ``(..., Tq, Tk)``.
+        causal: also forbid key j > query i (top-left aligned).
+        scale: softmax scale, default ``1/sqrt(D)``.
+    Returns:
+        ``(out, weights)``: ``(..., Tq, Dv)`` and ``(..., Tq, Tk)``; rows with no allowed key are 0.
+    """
+    scale = check_attention_args(q, k, v, mask, scale, fn="attention_ref")
+    if not isinstance(causal, bool):
+        raise TypeError(f"attention_ref: `causal` must be a bool, got {causal!r}")
+    scores = (q @ k.transpose(-2, -1)) * scale  # (..., Tq, Tk)
+    if mask is not None:
+        scores = scores + mask_to_additive(mask, scores.dtype)
+    if causal:
+        tq, tk = q.shape[-2], k.shape[-2]
+        scores = scores.masked_fill(~causal_mask(tq, tk, device=q.device), float("-inf"))
+    weights = masked_softmax(scores)  # (..., Tq, Tk)
+    return weights @ v, weights  # (..., Tq, Dv)

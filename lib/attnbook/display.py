@@ -1,0 +1,56 @@
+"""Show library source inside the book (every chapter).
+
+The library is the single source of truth: a chapter never copies library code into a cell; it
+calls ``show_source(attention_tiled)`` in a cell tagged ``remove-input`` and the reader sees the
+code, captioned with the file it lives in.
+"""
+from __future__ import annotations
+
+import inspect
+import textwrap
+from pathlib import Path
+
+__all__ = ["show_source", "source_of"]
+
+_PKG_ROOT = Path(__file__).resolve().parent
+
+
+def source_of(obj) -> tuple[str, str, int]:
+    """Return ``(source, caption_path, first_line)`` of a library function, class or module.
+
+    ``caption_path`` is the repository path (``lib/attnbook/flash.py``), the same wherever the
+    package is installed (editable checkout, site-packages on Colab).
+    """
+    try:
+        path = Path(inspect.getsourcefile(obj)).resolve()
+        lines, first = inspect.getsourcelines(obj)
+    except (TypeError, OSError) as exc:
+        raise TypeError(f"show_source: cannot find the source of {obj!r}: {exc}") from None
+    try:
+        rel = path.relative_to(_PKG_ROOT)
+        caption = f"lib/attnbook/{rel.as_posix()}"
+    except ValueError:
+        caption = path.name
+    return textwrap.dedent("".join(lines)).rstrip() + "\n", caption, max(first, 1)
+
+
+def show_source(obj, *, display: bool = True):
+    """Render ``obj``'s source as a Markdown code fence captioned with its path and lines.
+
+    Args:
+        obj: a function, class, method or module of the library.
+        display: show it now (in a notebook); with False just return the Markdown object.
+    Returns:
+        An ``IPython.display.Markdown`` object (also its ``.data`` string).
+    """
+    from IPython.display import Markdown
+    from IPython.display import display as ipy_display
+
+    src, caption, first = source_of(obj)
+    last = first + src.count("\n") - 1
+    fence = "````" if "```" in src else "```"
+    md = Markdown(f"**`{caption}`**, lines {first}–{last}\n\n{fence}python\n{src}{fence}\n")
+    if display:
+        ipy_display(md)
+        return None
+    return md

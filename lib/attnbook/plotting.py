@@ -1,0 +1,123 @@
+"""Matplotlib figure helpers used by every chapter; each returns the Figure.
+
+Figures use English / math labels only (no CJK glyphs: Colab and fresh machines have no CJK
+fonts). A helper draws into ``ax`` when one is given; otherwise it makes a new figure, closes it
+in pyplot (so a notebook shows it exactly once, as the cell's value) and returns it.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+__all__ = ["bar_plot", "heatmap", "hist_plot", "line_plot", "new_figure", "to_numpy"]
+
+
+def to_numpy(x) -> np.ndarray:
+    """A float numpy array from a tensor, array or sequence (detached, on the CPU)."""
+    if hasattr(x, "detach"):
+        x = x.detach().cpu()
+        if x.dtype.is_floating_point:
+            x = x.double()
+        x = x.numpy()
+    return np.asarray(x, dtype=float)
+
+
+def new_figure(nrows: int = 1, ncols: int = 1, *, figsize=None, **kwargs):
+    """``(fig, axes)`` like ``plt.subplots``, already closed in pyplot (no double display)."""
+    import matplotlib.pyplot as plt
+
+    if figsize is None:
+        figsize = (4.2 * ncols, 3.4 * nrows)
+    fig, axes = plt.subplots(nrows, ncols, figsize=figsize, squeeze=True, **kwargs)
+    plt.close(fig)
+    return fig, axes
+
+
+def _axes(ax, figsize):
+    if ax is not None:
+        return ax.figure, ax
+    fig, ax = new_figure(figsize=figsize, layout="constrained")
+    return fig, ax
+
+
+def heatmap(matrix, *, ax=None, xlabel="key $j$", ylabel="query $i$", title=None, cmap="viridis",
+            colorbar=True, vmin=None, vmax=None, xticklabels=None, yticklabels=None, figsize=(4.2, 3.6)):
+    """A matrix as an image, row i = query i (e.g. attention weights ``A``). Returns the Figure."""
+    m = to_numpy(matrix)
+    if m.ndim != 2:
+        raise ValueError(f"heatmap: `matrix` must be 2-D, got shape {m.shape}")
+    fig, ax = _axes(ax, figsize)
+    im = ax.imshow(m, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    if xticklabels is not None:
+        ax.set_xticks(range(len(xticklabels)), labels=list(xticklabels))
+    if yticklabels is not None:
+        ax.set_yticks(range(len(yticklabels)), labels=list(yticklabels))
+    if colorbar:
+        fig.colorbar(im, ax=ax, shrink=0.85)
+    return fig
+
+
+def line_plot(x, ys, *, xlabel, ylabel, title=None, logx=False, logy=False, ax=None, markers=True,
+              styles: Mapping[str, str] | None = None, figsize=(4.8, 3.4)):
+    """Several curves over a shared x, ``ys = {label: values}``. Returns the Figure."""
+    if not isinstance(ys, Mapping) or not ys:
+        raise ValueError("line_plot: `ys` must be a non-empty dict {label: values}")
+    xs = to_numpy(x)
+    fig, ax = _axes(ax, figsize)
+    for label, y in ys.items():
+        y = to_numpy(y)
+        if y.shape != xs.shape:
+            raise ValueError(f"line_plot: curve {label!r} has shape {y.shape}, x has {xs.shape}")
+        style = (styles or {}).get(label, "-o" if markers else "-")
+        ax.plot(xs, y, style, label=label, markersize=4)
+    if logx:
+        ax.set_xscale("log", base=2 if np.all(np.log2(xs[xs > 0]) % 1 == 0) else 10)
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    if len(ys) > 1:
+        ax.legend(frameon=False)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def hist_plot(values, *, bins=50, xlabel, ylabel="density", title=None, ax=None, density=True,
+              logy=False, figsize=(4.8, 3.4)):
+    """Histogram(s): ``values`` is an array or ``{label: array}``. Returns the Figure."""
+    groups = values if isinstance(values, Mapping) else {None: values}
+    fig, ax = _axes(ax, figsize)
+    for label, v in groups.items():
+        ax.hist(to_numpy(v).ravel(), bins=bins, density=density, alpha=0.6, label=label)
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    if len(groups) > 1:
+        ax.legend(frameon=False)
+    return fig
+
+
+def bar_plot(labels: Sequence[str], values, *, ylabel, title=None, ax=None, logy=False, figsize=(4.8, 3.4)):
+    """Bars with text labels (e.g. FLOPs per stage). Returns the Figure."""
+    vals = to_numpy(values)
+    if len(labels) != len(vals):
+        raise ValueError(f"bar_plot: {len(labels)} labels but {len(vals)} values")
+    fig, ax = _axes(ax, figsize)
+    ax.bar(range(len(vals)), vals, color="tab:blue")
+    ax.set_xticks(range(len(vals)), labels=list(labels))
+    if logy:
+        ax.set_yscale("log")
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    return fig

@@ -1,0 +1,187 @@
+"""Interactive explorations that still say something in the static HTML book (every chapter).
+
+``explore(fn, **controls)`` shows sliders in a live kernel (Jupyter, Colab: ipywidgets 7.7 or 8).
+The HTML book has no kernel, so when ``ATTNBOOK_STATIC=1`` (set by the book build) or ipywidgets
+is missing, it draws one static small-multiples figure over representative settings instead,
+with a one-line note that the interactive version runs in Jupyter or Colab.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+__all__ = ["explore", "is_static", "static_settings"]
+
+STATIC_NOTE = "*这是静态版本（几组代表性取值）。在 Jupyter 或 Colab 中运行本章，即可拖动滑块交互探索。*"
+
+
+def is_static() -> bool:
+    """True when widgets cannot run: the book build (``ATTNBOOK_STATIC=1``) or no ipywidgets."""
+    if os.environ.get("ATTNBOOK_STATIC", "") not in ("", "0"):
+        return True
+    try:
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        return True
+    return False
+
+
+def _check_control(name, spec):
+    if isinstance(spec, bool):
+        return
+    if isinstance(spec, tuple):
+        if len(spec) not in (2, 3) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in spec):
+            raise ValueError(f"explore: control `{name}` must be (min, max) or (min, max, step), got {spec!r}")
+        if spec[0] >= spec[1]:
+            raise ValueError(f"explore: control `{name}` needs min < max, got {spec!r}")
+        return
+    if isinstance(spec, list):
+        if not spec:
+            raise ValueError(f"explore: control `{name}` is an empty list")
+        return
+    raise TypeError(
+        f"explore: control `{name}` must be a (min, max[, step]) tuple, a list of options or a bool, got {spec!r}"
+    )
+
+
+def _default(fn, name, spec):
+    param = inspect.signature(fn).parameters.get(name)
+    if param is not None and param.default is not inspect.Parameter.empty:
+        return param.default
+    if isinstance(spec, bool):
+        return spec
+    if isinstance(spec, list):
+        return spec[0]
+    lo, hi = spec[0], spec[1]
+    mid = (lo + hi) / 2
+    return int(round(mid)) if all(isinstance(x, int) for x in spec) else mid
+
+
+def static_settings(fn, controls: Mapping[str, object], limit: int = 4) -> list[dict]:
+    """Representative settings: the defaults, then each control moved to its extremes."""
+    base = {name: _default(fn, name, spec) for name, spec in controls.items()}
+    settings = [dict(base)]
+    for name, spec in controls.items():
+        if isinstance(spec, bool):
+            options = [not base[name]]
+        elif isinstance(spec, list):
+            options = [spec[0], spec[-1]]
+        else:
+            options = [spec[0], spec[1]]
+        for value in options:
+            s = dict(base, **{name: value})
+            if s not in settings:
+                settings.append(s)
+    return settings[:limit]
+
+
+def _figure_to_rgba(fig) -> np.ndarray:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba()).copy()
+
+
+def _label(setting: Mapping[str, object]) -> str:
+    return ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in setting.items())
+
+
+def _render_static(fn, settings: Sequence[Mapping[str, object]], columns: int | None):
+    import matplotlib.pyplot as plt
+
+    images = []
+    for s in settings:
+        fig = fn(**s)
+        if fig is None or not hasattr(fig, "savefig"):
+            raise TypeError(f"explore: `fn` must return a matplotlib Figure, got {type(fig).__name__}")
+        images.append(_figure_to_rgba(fig))
+        plt.close(fig)
+    n = len(images)
+    cols = columns or (1 if images[0].shape[1] > 1100 else min(n, 2))
+    rows = -(-n // cols)
+    h, w = images[0].shape[:2]
+    scale = 1.0 / 100  # the panels were drawn at 100 dpi
+    fig, axes = plt.subplots(rows, cols, figsize=(cols * w * scale, rows * (h * scale + 0.35)), squeeze=False)
+    plt.close(fig)
+    for ax in axes.ravel():
+        ax.axis("off")
+    for ax, img, s in zip(axes.ravel(), images, settings):
+        ax.imshow(img)
+        ax.set_title(_label(s), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _make_widget(name, spec, value):
+    import ipywidgets as W
+
+    desc = name
+    if isinstance(spec, bool):
+        return W.Checkbox(value=bool(value), description=desc)
+    if isinstance(spec, list):
+        return W.Dropdown(options=spec, value=value, description=desc)
+    lo, hi = spec[0], spec[1]
+    if all(isinstance(x, int) for x in spec):
+        step = spec[2] if len(spec) == 3 else 1
+        return W.IntSlider(value=int(value), min=lo, max=hi, step=step, description=desc, continuous_update=False)
+    step = spec[2] if len(spec) == 3 else (hi - lo) / 100
+    return W.FloatSlider(value=float(value), min=lo, max=hi, step=step, description=desc, continuous_update=False)
+
+
+def explore(fn: Callable[..., object], *, static: Sequence[Mapping[str, object]] | None = None,
+            columns: int | None = None, display: bool = True, **controls):
+    """Explore ``fn(**values) -> Figure`` with sliders, or as static small multiples in the book.
+
+    Args:
+        fn: draws one figure for one setting of the controls and returns it.
+        static: the settings shown in the static book (default: the defaults, then each control
+            at its extremes, at most four panels).
+        columns: panels per row in the static figure.
+        display: show the result now; with False return it (the widget, or the static Figure).
+        **controls: ``name=(min, max[, step])`` a slider (ints -> IntSlider), ``name=[options]`` a
+            dropdown, ``name=True/False`` a checkbox. Defaults come from ``fn``'s signature.
+    """
+    if not callable(fn):
+        raise TypeError(f"explore: `fn` must be callable, got {type(fn).__name__}")
+    if not controls:
+        raise ValueError("explore: give at least one control, e.g. explore(fn, n=(8, 128))")
+    for name, spec in controls.items():
+        _check_control(name, spec)
+    if is_static():
+        settings = list(static) if static is not None else static_settings(fn, controls)
+        for s in settings:
+            unknown = set(s) - set(controls)
+            if unknown:
+                raise ValueError(f"explore: static setting {s} names unknown controls {sorted(unknown)}")
+        settings = [{**{n: _default(fn, n, sp) for n, sp in controls.items()}, **s} for s in settings]
+        fig = _render_static(fn, settings, columns)
+        if not display:
+            return fig
+        from IPython.display import Markdown
+        from IPython.display import display as ipy_display
+
+        ipy_display(fig)
+        ipy_display(Markdown(STATIC_NOTE))
+        return None
+
+    import ipywidgets as W
+    import matplotlib.pyplot as plt
+
+    def draw(**values):
+        fig = fn(**values)
+        if fig is not None and hasattr(fig, "savefig"):
+            plt.close(fig)  # shown once, as interactive()'s result
+        return fig
+
+    kwargs = {name: _make_widget(name, spec, _default(fn, name, spec)) for name, spec in controls.items()}
+    widget = W.interactive(draw, **kwargs)
+    if not display:
+        return widget
+    from IPython.display import display as ipy_display
+
+    ipy_display(widget)
+    return None

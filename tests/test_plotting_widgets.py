@@ -1,0 +1,69 @@
+"""Tests for attnbook.plotting and attnbook.widgets (static and live modes)."""
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from attnbook import plotting, widgets  # noqa: E402
+
+
+def test_heatmap_and_line_plot_return_figures():
+    fig = plotting.heatmap(torch.rand(4, 6), title="A")
+    assert fig.axes[0].get_xlabel() == "key $j$" and fig.axes[0].get_title() == "A"
+    assert fig.axes[0].images[0].get_array().shape == (4, 6)
+    fig = plotting.line_plot([1, 2, 4], {"a": [1, 2, 3], "b": torch.tensor([3.0, 2.0, 1.0])},
+                             xlabel="n", ylabel="t", logx=True, logy=True)
+    assert len(fig.axes[0].lines) == 2 and fig.axes[0].get_yscale() == "log"
+    fig = plotting.hist_plot({"x": np.arange(10), "y": np.arange(5)}, xlabel="v")
+    assert fig.axes[0].get_legend() is not None
+    fig = plotting.bar_plot(["QK", "AV"], [2.0, 3.0], ylabel="FLOPs")
+    assert len(fig.axes[0].patches) == 2
+
+
+def test_plotting_bad_input():
+    with pytest.raises(ValueError, match="2-D"):
+        plotting.heatmap(torch.rand(2, 3, 4))
+    with pytest.raises(ValueError, match="shape"):
+        plotting.line_plot([1, 2], {"a": [1, 2, 3]}, xlabel="x", ylabel="y")
+    with pytest.raises(ValueError, match="labels"):
+        plotting.bar_plot(["a"], [1, 2], ylabel="y")
+
+
+def _draw(n=8, scaled=True, kind="a"):
+    return plotting.line_plot(np.arange(n), {kind: np.arange(n) * (0.5 if scaled else 1.0)},
+                              xlabel="i", ylabel="y", title=f"n={n}")
+
+
+def test_static_settings_vary_each_control():
+    s = widgets.static_settings(_draw, {"n": (2, 32), "scaled": True, "kind": ["a", "b"]}, limit=10)
+    assert s[0] == {"n": 8, "scaled": True, "kind": "a"}
+    assert {"n": 2, "scaled": True, "kind": "a"} in s and {"n": 8, "scaled": False, "kind": "a"} in s
+
+
+def test_explore_static_small_multiples(monkeypatch):
+    monkeypatch.setenv("ATTNBOOK_STATIC", "1")
+    fig = widgets.explore(_draw, n=(2, 32), scaled=True, display=False,
+                          static=[{"n": 4}, {"n": 16, "scaled": False}, {"n": 32}])
+    panels = [ax for ax in fig.axes if ax.images]
+    assert len(panels) == 3
+    assert panels[1].get_title() == "n=16, scaled=False"
+
+
+def test_explore_live_builds_widgets(monkeypatch):
+    monkeypatch.delenv("ATTNBOOK_STATIC", raising=False)
+    w = widgets.explore(_draw, n=(2, 32), scaled=True, kind=["a", "b"], display=False)
+    names = [c.description for c in w.children[:-1]]
+    assert names == ["n", "scaled", "kind"]
+    assert w.children[0].value == 8 and w.result is not None
+
+
+def test_explore_bad_controls():
+    with pytest.raises(ValueError, match="min < max"):
+        widgets.explore(_draw, n=(5, 2), display=False)
+    with pytest.raises(TypeError, match="control `n`"):
+        widgets.explore(_draw, n="big", display=False)
+    with pytest.raises(ValueError, match="at least one control"):
+        widgets.explore(_draw, display=False)

@@ -1,0 +1,34 @@
+"""Tests for attnbook.testing: the FlashAttention tolerance rule must accept and reject."""
+import pytest
+import torch
+
+from attnbook.attention import attention_ref
+from attnbook.testing import assert_close_to_reference, max_abs_error, relative_error, rounding_step
+
+
+def test_max_abs_and_relative_error():
+    a = torch.tensor([1.0, 2.0, 3.0])
+    b = torch.tensor([1.0, 2.5, 3.0])
+    assert max_abs_error(a, b) == 0.5
+    assert relative_error(b, b) == 0.0
+    assert max_abs_error(torch.tensor([float("nan")]), torch.tensor([0.0])) == float("inf")
+    with pytest.raises(ValueError, match="shapes differ"):
+        max_abs_error(a, b[:2])
+
+
+def test_rounding_step_uses_dtype_eps():
+    ref = torch.tensor([4.0], dtype=torch.float64)
+    assert rounding_step(ref, torch.float32) == torch.finfo(torch.float32).eps * 4.0
+    assert rounding_step(torch.tensor([0.1]), torch.float16) == torch.finfo(torch.float16).eps
+
+
+def test_rule_accepts_float32_attention_and_rejects_a_wrong_one():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 40, 16, generator=g, dtype=torch.float64) for _ in range(3))
+    ref = attention_ref(q, k, v)[0]
+    naive = attention_ref(q.float(), k.float(), v.float())[0]
+    assert_close_to_reference(naive.clone(), naive, ref)
+    wrong = naive.clone()
+    wrong[0, 0, 0] += 1e-3
+    with pytest.raises(AssertionError, match="exceeds 2 x naive error"):
+        assert_close_to_reference(wrong, naive, ref, name="output")
