@@ -40,7 +40,7 @@ def _check_qk(q, k, fn: str) -> None:
 
 
 def dot_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Dot-product scores (chapter 03, eq. 3.2): ``e_ij = q_i . k_j``.
+    """Dot-product scores (chapters 03 and 04, eq. 2): ``e_ij = q_i . k_j``.
 
     Args: q ``(..., Tq, D)``, k ``(..., Tk, D)``.  Returns ``(..., Tq, Tk)``.
     """
@@ -51,7 +51,7 @@ def dot_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 
 
 def scaled_dot_scores(q: torch.Tensor, k: torch.Tensor, scale: float | None = None) -> torch.Tensor:
-    """Scaled dot-product scores (chapter 04, eq. 4.3): ``e_ij = q_i . k_j / sqrt(D)``.
+    """Scaled dot-product scores (chapter 04, eq. 4): ``e_ij = q_i . k_j / sqrt(D)``.
 
     Args: q ``(..., Tq, D)``, k ``(..., Tk, D)``, scale (default ``1/sqrt(D)``).
     Returns ``(..., Tq, Tk)``.
@@ -108,7 +108,7 @@ def additive_scores(
 # ---------------------------------------------------------------------------------------------
 
 def causal_mask(tq: int, tk: int | None = None, *, device=None) -> torch.Tensor:
-    """Causal mask (chapter 04): query i may attend key j iff ``j <= i``.
+    """Causal mask (chapter 04, eq. 11): query i may attend key j iff ``j <= i``.
 
     Top-left aligned when ``tq != tk``, like ``scaled_dot_product_attention(is_causal=True)``.
 
@@ -147,7 +147,7 @@ def mask_to_additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Ten
 
 
 def masked_softmax(scores: torch.Tensor) -> torch.Tensor:
-    """Row softmax that returns zeros for rows whose scores are all ``-inf`` (chapter 04).
+    """Row softmax that returns zeros for rows whose scores are all ``-inf`` (chapter 04, eq. 8).
 
     A hand-written ``exp(s - max) / sum`` gives 0/0 = NaN on such rows; here the row max is
     replaced by 0 where it is -inf, so every exp is 0 and the denominator is clamped.
@@ -164,7 +164,7 @@ def masked_softmax(scores: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 
 def attention_ref(q, k, v, *, mask=None, causal=False, scale=None):
-    """Scaled dot-product attention, materialised (chapter 04, eq. 4.5).
+    """Scaled dot-product attention, materialised (chapter 04, eq. 10).
 
     ``out = softmax(Q K^T * scale + M) V`` where M is 0 / -inf from ``mask`` and ``causal``.
     Computed in the input dtype (use float64 inputs for a high-precision reference).

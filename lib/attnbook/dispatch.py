@@ -73,7 +73,7 @@ def _sdpa(q, k, v, mask, causal, scale):
 
 
 def attention(q, k, v, *, mask=None, causal=False, scale=None, backend: str = "auto"):
-    """Scaled dot-product attention through the chosen backend (chapter 04, eq. 4.5).
+    """Scaled dot-product attention through the chosen backend (chapter 04, eq. 10).
 
     ``out = softmax(Q K^T * scale + M) V``; rows with no allowed key give 0.
 
