@@ -86,3 +86,18 @@ def test_unknown_backend_and_bad_causal():
         attention(q, q, q, backend="fast")
     with pytest.raises(TypeError, match="`causal`"):
         attention(q, q, q, causal=1)
+
+
+def test_only_key_padding_masks_reach_triton():
+    from attnbook.dispatch import _key_padding_view
+
+    q = rand(2, 3, 4, 16, dtype=torch.float32)
+    assert _key_padding_view(None, q) is None
+    kp = torch.tensor([[True, True, False, False], [True, True, True, True]])[:, None, None, :]
+    assert _key_padding_view(kp, q).shape == (2, 1, 1, 4)
+    # a 2-D mask broadcasts as (Tq, Tk): it is not key padding even though B == 2 rows could look like it
+    assert _key_padding_view(torch.ones(4, 4, dtype=torch.bool), q) is None
+    assert _key_padding_view(torch.ones(1, 4, dtype=torch.bool), q).shape == (1, 1, 1, 4)
+    assert _key_padding_view(torch.zeros(4, 4), q) is None  # additive float masks are not served
+    ok, why = triton_status(q, q, q, torch.ones(4, 4, dtype=torch.bool))
+    assert not ok and "key-padding" in why

@@ -26,13 +26,33 @@ __all__ = ["BACKENDS", "attention", "available_backends", "choose_backend", "tri
 BACKENDS = ("auto", "ref", "tiled", "triton", "sdpa")
 
 
+def _key_padding_view(mask, q):
+    """``mask`` as a 4-D ``(B|1, H|1, 1, Tk)`` bool view if it is a key-padding mask, else None.
+
+    The dispatcher's masks broadcast to ``(..., Tq, Tk)``, so a 2-D mask means ``(Tq, Tk)``; the
+    Triton kernel also reads a 2-D bool mask as ``(B, Tk)``. Normalising here removes the
+    ambiguity: only masks whose query dim is 1 are handed to the kernel, always as 4-D.
+    """
+    if mask is None:
+        return None
+    if mask.dtype != torch.bool or q.ndim != 4 or mask.ndim > 4:
+        return None
+    m = mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))
+    return m if m.shape[-2] == 1 else None
+
+
 def triton_status(q, k, v, mask=None) -> tuple[bool, str]:
     """``(True, "")`` if the Triton kernel can serve these arguments here, else ``(False, why)``."""
     try:
         from . import triton_flash
     except Exception as exc:  # pragma: no cover - import guarded inside the module itself
         return False, f"attnbook.triton_flash could not be imported: {exc}"
-    return triton_flash.triton_support(q, k, v, mask)
+    if mask is not None and _key_padding_view(mask, q) is None:
+        return False, (
+            f"the Triton backend takes only a boolean key-padding mask broadcastable as (B, H, 1, Tk) "
+            f"on (B, H, T, D) inputs; got a {mask.dtype} mask of shape {tuple(mask.shape)}"
+        )
+    return triton_flash.triton_support(q, k, v, _key_padding_view(mask, q))
 
 
 def choose_backend(q, k, v, mask=None) -> str:
@@ -104,4 +124,4 @@ def attention(q, k, v, *, mask=None, causal=False, scale=None, backend: str = "a
         raise RuntimeError(f"attention: backend 'triton' cannot serve these arguments: {why}")
     from .triton_flash import attention_triton
 
-    return attention_triton(q, k, v, mask=mask, causal=causal, scale=scale)[0]
+    return attention_triton(q, k, v, mask=_key_padding_view(mask, q), causal=causal, scale=scale)[0]
