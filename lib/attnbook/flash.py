@@ -1,0 +1,267 @@
+"""Online softmax and exact tiled attention in plain PyTorch: FlashAttention-2 on any device (chapter 09).
+
+``attention_tiled`` never materialises the ``(Tq, Tk)`` score matrix. The outer loop owns a
+query tile (``m_i = -inf``, ``l_i = 0``, ``acc = 0``), the inner loop visits key tiles and keeps
+a running row max ``m_i`` and row sum ``l_i``, and the epilogue divides by ``l_i``
+and stores the log-sum-exp ``lse = m_i + log l_i``. The backward pass recomputes each tile's
+``P = exp(S - lse)`` from that statistic (FlashAttention-2, Dao 2023, Alg. 2), so training
+keeps O(T) extra memory instead of O(T^2).
+
+Two implementation choices, both exact: ``q`` is pre-multiplied by ``scale * log2(e)`` so the
+kernel works in base 2 (``exp2`` is several times cheaper than ``exp`` on CPUs, the same trick
+as the Triton tutorial); ``lse`` is converted back to natural log before it is returned.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._checks import check_attention_args, check_block, check_tensor
+
+__all__ = ["attention_tiled", "default_blocks", "online_softmax", "tile_schedule"]
+
+LOG2E = 1.0 / math.log(2.0)  # exp(x) = 2 ** (x * LOG2E)
+LN2 = math.log(2.0)
+NEG_INF = float("-inf")
+
+
+def online_softmax(x: torch.Tensor, *, block: int = 64) -> torch.Tensor:
+    """Softmax over the last dim with statistics gathered block by block (chapter 09).
+
+    One pass over the blocks keeps the running max and sum:
+    ``m' = max(m, rowmax(x_b))``, ``l' = exp(m - m') * l + rowsum(exp(x_b - m'))``;
+    then ``softmax(x) = exp(x - m) / l``. Rows that are all ``-inf`` give zeros.
+
+    Args:
+        x: floating tensor ``(..., N)``; float16/bfloat16 are computed in float32.
+        block: how many columns each step reads (int >= 1).
+    Returns:
+        ``(..., N)`` in the dtype of ``x``.
+    """
+    check_tensor("x", x, fn="online_softmax", min_ndim=1)
+    block = check_block("block", block, fn="online_softmax")
+    xc = x if x.dtype in (torch.float32, torch.float64) else x.float()
+    m_i = torch.full(xc.shape[:-1] + (1,), NEG_INF, dtype=xc.dtype, device=xc.device)  # running max (..., 1)
+    l_i = torch.zeros_like(m_i)  # running sum (..., 1)
+    for j0 in range(0, xc.shape[-1], block):
+        xb = xc[..., j0:j0 + block]  # (..., b)
+        m_new = torch.maximum(m_i, xb.amax(-1, keepdim=True))  # m_i' = max(m_i, rowmax(x_b))
+        m_safe = m_new.masked_fill(m_new == NEG_INF, 0.0)  # no finite entry yet: exp(-inf - 0) = 0, not NaN
+        alpha = torch.exp(m_i - m_safe)  # rescales what was summed so far
+        l_i = alpha * l_i + torch.exp(xb - m_safe).sum(-1, keepdim=True)  # l_i' = alpha * l_i + rowsum(exp(x_b - m_i'))
+        m_i = m_new
+    m_safe = m_i.masked_fill(m_i == NEG_INF, 0.0)
+    out = torch.exp(xc - m_safe) / l_i.masked_fill(l_i == 0, 1.0)  # all -inf row: 0 / 1 = 0
+    return out.to(x.dtype)
+
+
+def default_blocks(tq: int, tk: int) -> tuple[int, int]:
+    """Tile sizes used when ``block_q`` / ``block_k`` are None (rule of PyTorch's CPU flash kernel).
+
+    ``block_q = 256`` if ``Tq >= 768``, ``64`` if ``Tq >= 192``, else ``32``; ``block_k = 512``
+    (the last tile of each axis is simply shorter, so ``Tk`` does not change the rule).
+    Large tiles matter more here than in C++: each tile costs a dozen PyTorch calls, so with
+    64 x 64 tiles the Python overhead dominates; a 256 x 512 float32 tile is 512 KiB per
+    (batch, head) and its matrix products run near the CPU's peak.
+    """
+    block_q = 256 if tq >= 768 else 64 if tq >= 192 else 32
+    return block_q, 512
+
+
+def _key_starts(i0: int, i1: int, tk: int, block_k: int, causal: bool) -> range:
+    """First key of every key tile that query rows ``i0 .. i1-1`` visit (causal: keys ``j < i1``)."""
+    return range(0, min(tk, i1) if causal else tk, block_k)
+
+
+def tile_schedule(tq: int, tk: int, block_q: int, block_k: int, *, causal: bool = False) -> list[tuple[int, int]]:
+    """The ``(query tile, key tile)`` index pairs ``attention_tiled`` computes, in loop order.
+
+    Without ``causal`` that is all ``ceil(Tq/block_q) * ceil(Tk/block_k)`` pairs; with it the
+    tiles entirely above the diagonal (every key after every query) are skipped, so for
+    ``Tq = Tk = n * b`` and square ``b x b`` tiles only ``n (n + 1) / 2`` remain.
+    """
+    for name, val in (("tq", tq), ("tk", tk)):
+        if isinstance(val, bool) or not isinstance(val, int) or val < 0:
+            raise ValueError(f"tile_schedule: `{name}` must be an int >= 0, got {val!r}")
+    check_block("block_q", block_q, fn="tile_schedule")
+    check_block("block_k", block_k, fn="tile_schedule")
+    return [
+        (i0 // block_q, j0 // block_k)
+        for i0 in range(0, tq, block_q)
+        for j0 in _key_starts(i0, min(i0 + block_q, tq), tk, block_k, causal)
+    ]
+
+
+def _mask_tile(s, mask, lead, i0, j0, causal):
+    """Add the mask to one score tile ``s`` (G, n, m) in place; ``mask`` is bool "blocked" or additive."""
+    n, m = s.shape[-2:]
+    if mask is not None:
+        tile = mask[..., i0:i0 + n, j0:j0 + m]  # broadcastable to (*lead, n, m)
+        s4 = s.view(*lead, n, m)  # (..., n, m)
+        if tile.dtype == torch.bool:
+            s4.masked_fill_(tile, NEG_INF)
+        else:
+            s4.add_(tile, alpha=LOG2E)  # additive mask, in base-2 units
+    if causal and j0 + m - 1 > i0:  # only tiles that straddle the diagonal need the mask
+        above = torch.ones(n, m, dtype=torch.bool, device=s.device).triu_(i0 - j0 + 1)  # key j > query i
+        s.masked_fill_(above, NEG_INF)
+
+
+def _forward(q, k, v, mask, lead, causal, block_q, block_k):
+    """FlashAttention-2 forward. q (G, Tq, D) pre-scaled by scale*log2(e), k (G, Tk, D), v (G, Tk, Dv).
+
+    Returns ``out`` (G, Tq, Dv) and ``lse2`` (G, Tq), the log-sum-exp in base 2.
+    """
+    g, tq, tk, dv = q.shape[0], q.shape[1], k.shape[1], v.shape[-1]
+    kt = k.transpose(1, 2)  # (G, D, Tk)
+    out, lse2 = q.new_empty((g, tq, dv)), q.new_empty((g, tq))
+    s_buf = q.new_empty(g * min(block_q, tq) * min(block_k, tk))  # one score tile, reused
+    for i0 in range(0, tq, block_q):
+        q_i = q[:, i0:i0 + block_q]  # (G, n, D)
+        n = q_i.shape[1]
+        m_i = q.new_full((g, n, 1), NEG_INF)  # running row max
+        l_i = q.new_zeros((g, n, 1))  # running row sum
+        acc = q.new_zeros((g, n, dv))  # unnormalised output (G, n, Dv)
+        for j0 in _key_starts(i0, i0 + n, tk, block_k, causal):
+            kt_j, v_j = kt[:, :, j0:j0 + block_k], v[:, j0:j0 + block_k]  # (G, D, m), (G, m, Dv)
+            s = torch.bmm(q_i, kt_j, out=s_buf[: g * n * kt_j.shape[-1]].view(g, n, -1))  # S_ij (G, n, m)
+            _mask_tile(s, mask, lead, i0, j0, causal)
+            m_new = torch.maximum(m_i, s.amax(-1, keepdim=True))  # m_i' = max(m_i, rowmax(S_ij))
+            m_safe = m_new.masked_fill(m_new == NEG_INF, 0.0)  # no key yet: 2^(-inf - 0) = 0, not NaN
+            alpha = torch.exp2(m_i - m_safe)  # rescales what was summed so far
+            p = s.sub_(m_safe).exp2_()  # P_ij = 2^(S_ij - m_i')
+            l_i.mul_(alpha).add_(p.sum(-1, keepdim=True))  # l_i' = alpha * l_i + rowsum(P_ij)
+            acc.mul_(alpha).baddbmm_(p, v_j)  # acc' = alpha * acc + P_ij V_j
+            m_i = m_new
+        out[:, i0:i0 + n] = acc.div_(l_i.masked_fill(l_i == 0, 1.0))  # O_i = acc / l_i; empty row: 0
+        lse2[:, i0:i0 + n] = (m_i + torch.log2(l_i)).squeeze(-1)  # L_i = m_i + log2(l_i); empty row: -inf
+    return out, lse2  # (G, Tq, Dv), (G, Tq)
+
+
+def _backward(q, k, v, out, lse2, dout, mask, lead, causal, scale, block_q, block_k):
+    """FlashAttention-2 backward: recompute P_ij = 2^(S_ij - L_i) tile by tile. Shapes as ``_forward``.
+
+    q here is the unscaled query; returns dq, dk, dv in the compute dtype.
+    """
+    g, tq, tk = q.shape[0], q.shape[1], k.shape[1]
+    qs = q * (scale * LOG2E)  # (G, Tq, D)
+    kt, vt = k.transpose(1, 2), v.transpose(1, 2)  # (G, D, Tk), (G, Dv, Tk)
+    neg_lse = -lse2.masked_fill(lse2 == NEG_INF, float("inf")).unsqueeze(-1)  # empty row: P = 2^-inf = 0
+    neg_delta = -(dout * out).sum(-1, keepdim=True)  # -D_i, D_i = rowsum(dO_i * O_i)  (G, Tq, 1)
+    dq = [q.new_zeros((g, min(block_q, tq - i0), q.shape[-1])) for i0 in range(0, tq, block_q)]
+    dks, dvs = [], []
+    for j0 in range(0, tk, block_k):  # FA2 backward: the outer loop owns a key tile
+        k_j, kt_j, vt_j = k[:, j0:j0 + block_k], kt[:, :, j0:j0 + block_k], vt[:, :, j0:j0 + block_k]
+        m = k_j.shape[1]
+        dk_j = k.new_zeros((g, m, k.shape[-1]))  # (G, m, D)
+        dv_j = v.new_zeros((g, m, v.shape[-1]))  # (G, m, Dv)
+        first_q = (j0 // block_q) * block_q if causal else 0  # causal: queries i < j0 see no key here
+        for i0 in range(first_q, tq, block_q):
+            sl = slice(i0, i0 + block_q)
+            n = dq[i0 // block_q].shape[1]
+            s = torch.baddbmm(neg_lse[:, sl].expand(g, n, m), qs[:, sl], kt_j)  # S_ij - L_i (G, n, m)
+            _mask_tile(s, mask, lead, i0, j0, causal)
+            p = s.exp2_()  # P_ij = exp(S_ij - L_i), recomputed
+            dv_j.baddbmm_(p.transpose(1, 2), dout[:, sl])  # dV_j += P_ij^T dO_i
+            dp = torch.baddbmm(neg_delta[:, sl].expand(g, n, m), dout[:, sl], vt_j)  # dP_ij - D_i, dP_ij = dO_i V_j^T
+            ds = dp.mul_(p)  # dS_ij = P_ij * (dP_ij - D_i)
+            dq[i0 // block_q].baddbmm_(ds, k_j)  # dQ_i += dS_ij K_j     (times scale below)
+            dk_j.baddbmm_(ds.transpose(1, 2), q[:, sl])  # dK_j += dS_ij^T Q_i   (times scale below)
+        dks.append(dk_j.mul_(scale))
+        dvs.append(dv_j)
+    dq = torch.cat(dq, 1).mul_(scale) if dq else q.new_zeros(q.shape)
+    dk = torch.cat(dks, 1) if dks else k.new_zeros(k.shape)
+    dv = torch.cat(dvs, 1) if dvs else v.new_zeros(v.shape)
+    return dq, dk, dv
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return dtype if dtype in (torch.float32, torch.float64) else torch.float32
+
+
+def _flatten(t, dtype):
+    return t.to(dtype).reshape(math.prod(t.shape[:-2]), t.shape[-2], t.shape[-1])  # (G, T, D)
+
+
+class _TiledAttention(torch.autograd.Function):
+    """Custom autograd: forward saves q, k, v, out, lse (and the mask), backward recomputes tiles."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, causal, scale, block_q, block_k):
+        cdt = _compute_dtype(q.dtype)
+        lead = tuple(q.shape[:-2])
+        q3, k3, v3 = _flatten(q, cdt), _flatten(k, cdt), _flatten(v, cdt)  # (G, T, D)
+        out, lse2 = _forward(q3 * (scale * LOG2E), k3, v3, mask, lead, causal, block_q, block_k)
+        out = out.reshape(*lead, q.shape[-2], v.shape[-1])  # (..., Tq, Dv)
+        lse = (lse2 * LN2).reshape(*lead, q.shape[-2])  # natural log (..., Tq)
+        ctx.save_for_backward(q, k, v, out, lse, mask)
+        ctx.config = (causal, scale, block_q, block_k)
+        ctx.mark_non_differentiable(lse)
+        return out.to(q.dtype), lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, mask = ctx.saved_tensors
+        causal, scale, block_q, block_k = ctx.config
+        cdt = out.dtype
+        lead = tuple(q.shape[:-2])
+        dq, dk, dv = _backward(
+            _flatten(q, cdt), _flatten(k, cdt), _flatten(v, cdt), _flatten(out, cdt),
+            (lse * LOG2E).reshape(math.prod(lead), q.shape[-2]), _flatten(dout, cdt),
+            mask, lead, causal, scale, block_q, block_k,
+        )
+        return (dq.reshape(q.shape).to(q.dtype), dk.reshape(k.shape).to(k.dtype),
+                dv.reshape(v.shape).to(v.dtype), None, None, None, None, None)
+
+
+def _prepare_mask(mask, tq, tk, dtype):
+    """Bool mask -> "blocked" (True = may NOT attend); float -> compute dtype; both viewed as (..., Tq, Tk)."""
+    if mask is None:
+        return None
+    mask = mask.reshape((1,) * max(0, 2 - mask.ndim) + tuple(mask.shape))  # at least 2-D
+    mask = ~mask if mask.dtype == torch.bool else mask.to(dtype)
+    return mask.expand(*mask.shape[:-2], tq, tk)  # a view: size-1 dims get stride 0
+
+
+def attention_tiled(q, k, v, *, mask=None, causal=False, scale=None, block_q=None, block_k=None):
+    """Exact attention computed tile by tile with an online softmax (chapter 09; introduced in chapter 04).
+
+    For each query tile Q_i and key tile (K_j, V_j):
+    ``S_ij = scale * Q_i K_j^T (+ mask)``, ``m_i' = max(m_i, rowmax S_ij)``,
+    ``P_ij = exp(S_ij - m_i')``, ``l_i' = exp(m_i - m_i') l_i + rowsum P_ij``,
+    ``acc' = exp(m_i - m_i') acc + P_ij V_j``; finally ``O_i = acc / l_i`` and
+    ``lse_i = m_i + log l_i``. Equal to ``softmax(Q K^T * scale + mask) V`` up to rounding.
+    Gradients come from a custom backward that recomputes ``P_ij = exp(S_ij - lse_i)``.
+
+    Float16/bfloat16 inputs are computed in float32 (``out`` is returned in the input dtype);
+    float32/float64 are computed in their own dtype. Runs on the device of its inputs.
+
+    Args:
+        q: ``(..., Tq, D)``; k: ``(..., Tk, D)``; v: ``(..., Tk, Dv)`` (same leading dims).
+        mask: bool (True = may attend) or additive float, broadcastable to ``(..., Tq, Tk)``.
+            A float mask gets no gradient (a mask with ``requires_grad`` is refused).
+        causal: forbid key j > query i (top-left aligned when Tq != Tk); tiles entirely above
+            the diagonal are skipped, see :func:`tile_schedule`.
+        scale: softmax scale, default ``1/sqrt(D)``.
+        block_q, block_k: tile sizes (ints >= 1); None picks :func:`default_blocks` (256 x 512
+            for long sequences: 64 x 64 tiles spend most of the time in Python overhead).
+    Returns:
+        ``(out, lse)``: ``(..., Tq, Dv)`` in the input dtype and the natural-log log-sum-exp
+        ``(..., Tq)`` in the compute dtype (not differentiable). A query row with no allowed
+        key gets ``out = 0``, ``lse = -inf`` and zero gradients. First derivatives only
+        (the custom backward is ``once_differentiable``).
+    """
+    scale = check_attention_args(q, k, v, mask, scale, fn="attention_tiled")
+    if not isinstance(causal, bool):
+        raise TypeError(f"attention_tiled: `causal` must be a bool, got {causal!r}")
+    tq, tk = q.shape[-2], k.shape[-2]
+    auto_q, auto_k = default_blocks(tq, tk)
+    block_q = auto_q if block_q is None else check_block("block_q", block_q, fn="attention_tiled")
+    block_k = auto_k if block_k is None else check_block("block_k", block_k, fn="attention_tiled")
+    if mask is not None and mask.requires_grad:
+        raise ValueError("attention_tiled: a float `mask` that requires grad is not supported "
+                         "(the tiled backward returns no mask gradient); pass mask.detach()")
+    mask = _prepare_mask(mask, tq, tk, _compute_dtype(q.dtype))
+    return _TiledAttention.apply(q, k, v, mask, causal, scale, block_q, block_k)
