@@ -179,6 +179,8 @@ def explore(fn: Callable[..., object], *, static: Sequence[Mapping[str, object]]
 
     kwargs = {name: _make_widget(name, spec, _default(fn, name, spec)) for name, spec in controls.items()}
     widget = W.interactive(draw, **kwargs)
+    if widget.result is None:  # ipywidgets 7 (Colab) draws only on the first change: draw now
+        widget.update()
     if not display:
         return widget
     from IPython.display import display as ipy_display
