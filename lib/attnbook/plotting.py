@@ -41,6 +41,20 @@ def _axes(ax, figsize):
     return fig, ax
 
 
+def _label(ax, *, xlabel=None, ylabel=None, title=None, logy=False, legend=False):
+    """The finishing touches every helper shares: log y, axis labels, title, legend."""
+    if logy:
+        ax.set_yscale("log")
+    if xlabel is not None:
+        ax.set_xlabel(xlabel)
+    if ylabel is not None:
+        ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    if legend:
+        ax.legend(frameon=False)
+
+
 def heatmap(matrix, *, ax=None, xlabel="key $j$", ylabel="query $i$", title=None, cmap="viridis",
             colorbar=True, vmin=None, vmax=None, xticklabels=None, yticklabels=None, figsize=(4.2, 3.6)):
     """A matrix as an image, row i = query i (e.g. attention weights ``A``). Returns the Figure."""
@@ -49,10 +63,7 @@ def heatmap(matrix, *, ax=None, xlabel="key $j$", ylabel="query $i$", title=None
         raise ValueError(f"heatmap: `matrix` must be 2-D, got shape {m.shape}")
     fig, ax = _axes(ax, figsize)
     im = ax.imshow(m, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    if title:
-        ax.set_title(title)
+    _label(ax, xlabel=xlabel, ylabel=ylabel, title=title)
     if xticklabels is not None:
         ax.set_xticks(range(len(xticklabels)), labels=list(xticklabels))
     if yticklabels is not None:
@@ -77,14 +88,7 @@ def line_plot(x, ys, *, xlabel, ylabel, title=None, logx=False, logy=False, ax=N
         ax.plot(xs, y, style, label=label, markersize=4)
     if logx:
         ax.set_xscale("log", base=2 if np.all(np.log2(xs[xs > 0]) % 1 == 0) else 10)
-    if logy:
-        ax.set_yscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    if title:
-        ax.set_title(title)
-    if len(ys) > 1:
-        ax.legend(frameon=False)
+    _label(ax, xlabel=xlabel, ylabel=ylabel, title=title, logy=logy, legend=len(ys) > 1)
     ax.grid(alpha=0.3)
     return fig
 
@@ -96,14 +100,7 @@ def hist_plot(values, *, bins=50, xlabel, ylabel="density", title=None, ax=None,
     fig, ax = _axes(ax, figsize)
     for label, v in groups.items():
         ax.hist(to_numpy(v).ravel(), bins=bins, density=density, alpha=0.6, label=label)
-    if logy:
-        ax.set_yscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    if title:
-        ax.set_title(title)
-    if len(groups) > 1:
-        ax.legend(frameon=False)
+    _label(ax, xlabel=xlabel, ylabel=ylabel, title=title, logy=logy, legend=len(groups) > 1)
     return fig
 
 
@@ -115,9 +112,5 @@ def bar_plot(labels: Sequence[str], values, *, ylabel, title=None, ax=None, logy
     fig, ax = _axes(ax, figsize)
     ax.bar(range(len(vals)), vals, color="tab:blue")
     ax.set_xticks(range(len(vals)), labels=list(labels))
-    if logy:
-        ax.set_yscale("log")
-    ax.set_ylabel(ylabel)
-    if title:
-        ax.set_title(title)
+    _label(ax, ylabel=ylabel, title=title, logy=logy)
     return fig
