@@ -52,7 +52,6 @@ def ensure_env() -> None:
         say(f"creating the virtual environment {VENV}")
         venv.create(VENV, with_pip=True)
     say("installing the pinned environment (requirements.txt) and attnbook (pip install -e .)")
-    run([PY, "-m", "pip", "install", "-q", "--upgrade", "pip"])
     run([PY, "-m", "pip", "install", "-q", "-r", "requirements.txt"])
     run([PY, "-m", "pip", "install", "-q", "--no-deps", "-e", "."])
     run([PY, "-m", "ipykernel", "install", "--sys-prefix", "--name", "python3", "--display-name", "Python 3"])
@@ -66,7 +65,7 @@ def build_book(strict: bool = True) -> None:
     if strict:
         cmd += ["-W", "-n"]
     # ATTNBOOK_STATIC=1: widgets render as static small-multiples figures (no kernel in HTML).
-    run(cmd, env={"ATTNBOOK_STATIC": "1", "PYTHONWARNINGS": "ignore::DeprecationWarning"})
+    run(cmd, env={"ATTNBOOK_STATIC": "1"})
     index = ROOT / "_build" / "html" / "index.html"
     if not index.exists():
         sys.exit("the build finished but _build/html/index.html is missing")
