@@ -181,3 +181,39 @@ def test_bad_mask_and_scale():
         attention_ref(q, q, q, causal="yes")
     with pytest.raises(ValueError, match="tq"):
         causal_mask(0)
+
+
+@pytest.mark.parametrize(
+    "call, exc, match",
+    [
+        (lambda: dot_scores(torch.ones(2, 2, 3), torch.ones(3, 2, 3)), ValueError, "leading .batch. dims"),
+        (lambda: dot_scores(torch.ones(2, 3), torch.ones(2, 3, dtype=torch.float64)),
+         TypeError, "`k` must have q's dtype"),
+        (lambda: general_scores(torch.ones(2, 3), torch.ones(2, 3), torch.ones(3, 3, dtype=torch.float64)),
+         TypeError, "`weight` must have q's dtype"),
+        (lambda: additive_scores(torch.ones(2, 3), torch.ones(2, 3), torch.ones(3, 4, dtype=torch.float64),
+                                 torch.ones(3, 4), torch.ones(4)), TypeError, "`w_q` must have q's dtype"),
+        (lambda: scaled_dot_scores(torch.ones(2, 3), torch.ones(2, 3), scale=float("inf")), ValueError, "`scale`"),
+        (lambda: scaled_dot_scores(torch.ones(2, 3), torch.ones(2, 3), scale="0.5"), TypeError, "`scale`"),
+        (lambda: masked_softmax([0.0, 1.0]), TypeError, "`scores` must be a torch.Tensor"),
+        (lambda: masked_softmax(torch.ones(3, dtype=torch.int64)), TypeError, "`scores` must have a floating"),
+        (lambda: mask_to_additive(torch.ones(3, dtype=torch.int64), torch.float32), TypeError, "`mask`"),
+        (lambda: causal_mask(2.0), TypeError, "`tq` must be an int"),
+        (lambda: padding_mask("ab", 3), TypeError, "`lengths`"),
+        (lambda: padding_mask([1], 2.5), TypeError, "`t` must be an int"),
+    ],
+)
+def test_helpers_reject_bad_input_naming_the_argument(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_numpy_ints_are_ints_and_no_keys_gives_zeros():
+    np = pytest.importorskip("numpy")
+    assert torch.equal(causal_mask(np.int64(3)), causal_mask(3))
+    assert torch.equal(padding_mask([1, 2], np.int64(3)), padding_mask([1, 2], 3))
+    q = rand(2, 3, 4).requires_grad_()
+    out, w = attention_ref(q, rand(2, 0, 4), rand(2, 0, 5))  # Tk = 0: every row is empty
+    assert out.shape == (2, 3, 5) and w.shape == (2, 3, 0) and torch.equal(out, torch.zeros_like(out))
+    out.sum().backward()
+    assert torch.equal(q.grad, torch.zeros_like(q))

@@ -119,3 +119,13 @@ def test_bad_arguments_give_clear_errors(capsys):
     with pytest.raises(SystemExit):
         main(["--device", "cuda", "--quick"])
     assert "use --device cpu" in capsys.readouterr().err
+
+
+def test_help_explains_the_options(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert exc.value.code == 0
+    for needle in ("Prints a Markdown table", "what is timed", "default: cuda when torch sees a GPU",
+                   "python -m attnbook.bench --quick", "--memory"):
+        assert needle in text, needle

@@ -11,7 +11,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import attnbook.flash as flash
 from attnbook.attention import attention_ref, padding_mask
 from attnbook.flash import attention_tiled, default_blocks, online_softmax, tile_schedule
-from attnbook.testing import assert_close_to_reference
+from attnbook.testing import assert_close_to_reference, max_abs_error, rounding_step
 
 F64 = dict(rtol=1e-10, atol=1e-10)
 NEG_INF = float("-inf")
@@ -185,14 +185,38 @@ def test_large_logits(big, dtype):
     k = k / k.norm(dim=-1, keepdim=True) * math.sqrt(big * math.sqrt(8))
     v = rand(1, 2, 24, 8, seed=5)
     ref, _ = attention_ref(q, k, v, causal=True)
-    out, lse = attention_tiled(q.to(dtype), k.to(dtype), v.to(dtype), causal=True, block_q=8, block_k=8)
+    low = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+    out, lse = attention_tiled(*low, causal=True, block_q=8, block_k=8)
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    g = rand(*out.shape, seed=6)
+    ref_in = [t.clone().requires_grad_() for t in (q, k, v)]
+    grads_ref = torch.autograd.grad(attention_ref(*ref_in, causal=True)[0], ref_in, g)
+    grads = torch.autograd.grad(out, low, g.to(dtype))
     if dtype == torch.float64:
         torch.testing.assert_close(out, ref, **F64)
         assert_lse(lse, lse_ref(q, k, causal=True))
-    else:  # float32 and float16 (computed in float32): the FlashAttention rule
-        naive, _ = attention_ref(q.to(dtype), k.to(dtype), v.to(dtype), causal=True)
+        for a, b in zip(grads, grads_ref):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10 * big)
+    else:  # float32 and float16 (computed in float32): the FlashAttention rule, gradients included
+        naive_in = [t.detach().requires_grad_() for t in low]
+        naive, _ = attention_ref(*naive_in, causal=True)
         assert_close_to_reference(out, naive, ref)
+        grads_naive = torch.autograd.grad(naive, naive_in, g.to(dtype))
+        # A backward that recomputed P = exp(S - lse) from a float32 lse failed this for dV:
+        # lse ~ 1e3..1e4 is rounded by ~1e-4..1e-3, and so was every recomputed P.
+        assert_close_to_reference(grads[2], grads_naive[2], grads_ref[2], factor=3.0, name="dv")
+        # dQ and dK go through dS = P * (dP - D_i) with D_i = rowsum(dO_i * O_i), FlashAttention-2's
+        # shortcut for sum_j P_ij dP_ij: dP_ij - D_i cancels, leaving a rounding of up to
+        # ~eps * Dv * max|dO| * max|V|, which dQ = scale * dS K multiplies by |K| (dK by |Q|). Near
+        # one-hot rows the naive kernel's error is ~0, so the rule gets that allowance (PyTorch's
+        # SDPA CPU kernel exceeds the plain 3x rule here too: dQ 6x at 1e3, dV 1e4x at 1e4).
+        eps, scale = torch.finfo(torch.float32).eps, 8 ** -0.5
+        shortcut = eps * scale * 8 * float(g.abs().max()) * float(v.abs().max())
+        for i, name in ((0, "dq"), (1, "dk")):
+            other = float((k if name == "dq" else q).abs().max())
+            err, base = max_abs_error(grads[i], grads_ref[i]), max_abs_error(grads_naive[i], grads_ref[i])
+            bound = 3.0 * base + rounding_step(grads_ref[i], dtype) + 3.0 * shortcut * other
+            assert torch.isfinite(grads[i]).all() and err <= bound, (name, err, base, bound)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -347,6 +371,23 @@ def test_gradcheck(mask_kind, causal):
     assert torch.autograd.gradcheck(fn, (q, k, v))
 
 
+@pytest.mark.parametrize("shape", [(7,), (5, 7), (1, 2, 5, 7), (2, 1, 1, 7)])
+def test_learned_additive_mask_gets_its_gradient(shape):
+    """A float mask that requires grad (a learned bias) gets dS, summed over its broadcast dims."""
+    q, k, v = (t.requires_grad_() for t in qkv(2, 2, 5, 7, 3, 4, seed=6))
+    bias = rand(*shape, seed=7)
+    bias[..., 0] = NEG_INF  # a hidden key: zero gradient there, never NaN
+    bias.requires_grad_()
+    fn = lambda q, k, v, b: attention_tiled(q, k, v, mask=b, causal=True, block_q=2, block_k=3)[0]
+    assert torch.autograd.gradcheck(fn, (q, k, v, bias))
+    g = rand(2, 2, 5, 4, seed=8)
+    grads = torch.autograd.grad(fn(q, k, v, bias), (q, k, v, bias), g)
+    expected = torch.autograd.grad(attention_ref(q, k, v, mask=bias, causal=True)[0], (q, k, v, bias), g)
+    for a, r in zip(grads, expected):
+        assert a.shape == r.shape and torch.isfinite(a).all()
+        torch.testing.assert_close(a, r, **F64)
+
+
 @pytest.mark.parametrize("name", ["T_not_multiple", "Tq_gt_Tk", "Dv_ne_D", "B_H_gt_1", "block_1"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gradients_match_autograd_through_reference(name, causal):
@@ -381,8 +422,8 @@ def test_saved_tensors_grow_linearly_not_quadratically():
     ref = lambda q, k, v: attention_ref(q, k, v)[0]
     t_small, t_big = (saved_bytes(tiled, t) for t in (64, 256))
     r_small, r_big = (saved_bytes(ref, t) for t in (64, 256))
-    # q, k, v, out (1*2*T*16 floats each) and lse (1*2*T): nothing of size T^2
-    assert t_big == 4 * (4 * 2 * 256 * 16 + 2 * 256)
+    # q, k, v, out (1*2*T*16 floats each) and the row max m and row sum l (1*2*T each): nothing of size T^2
+    assert t_big == 4 * (4 * 2 * 256 * 16 + 2 * 2 * 256)
     assert t_big / t_small == pytest.approx(4.0)  # 4x longer -> 4x the bytes
     assert r_big / r_small > 12.0  # the materialised weights grow 16x
     assert r_big > 10 * t_big
@@ -455,8 +496,6 @@ def test_bad_input_raises_clear_errors():
         attention_tiled(q, k, v, causal="yes")
     with pytest.raises(ValueError, match="device"):
         attention_tiled(q, k.to("meta"), v)
-    with pytest.raises(ValueError, match="requires grad"):
-        attention_tiled(q, k, v, mask=torch.zeros(6, 6, dtype=torch.float64, requires_grad=True))
     with pytest.raises(ValueError, match="block_q"):
         tile_schedule(4, 4, 0, 1)
 

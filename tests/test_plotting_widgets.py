@@ -67,3 +67,37 @@ def test_explore_bad_controls():
         widgets.explore(_draw, n="big", display=False)
     with pytest.raises(ValueError, match="at least one control"):
         widgets.explore(_draw, display=False)
+
+
+@pytest.mark.parametrize(
+    "call, exc, match",
+    [
+        (lambda: plotting.heatmap("abc"), TypeError, "heatmap: `matrix` must hold real numbers"),
+        (lambda: plotting.heatmap(torch.ones(2, 2, dtype=torch.complex64)), TypeError, "real numbers"),
+        (lambda: plotting.line_plot([0, 1, 2], {"a": [1, 2, 3]}, xlabel="x", ylabel="y", logx=True),
+         ValueError, "logx=True needs x > 0"),
+        (lambda: plotting.hist_plot({}, xlabel="x"), ValueError, "non-empty"),
+        (lambda: plotting.bar_plot(3, [1.0], ylabel="y"), TypeError, "`labels`"),
+        (lambda: plotting.new_figure(0, 1), ValueError, "`nrows`"),
+    ],
+)
+def test_plotting_rejects_bad_input_naming_the_argument(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        (dict(n=(2, 32, 0)), ValueError, "0 < step"),
+        (dict(n=(2, float("nan"))), ValueError, "finite"),
+        (dict(size=(2, 32)), TypeError, "control `size` is not a parameter"),
+        (dict(n=(2, 32), columns=0), ValueError, "`columns`"),
+        (dict(n=(2, 32), static={"n": 4}), TypeError, "`static` must be a non-empty list"),
+        (dict(n=(2, 32), static=[]), TypeError, "`static` must be a non-empty list"),
+    ],
+)
+def test_explore_rejects_bad_arguments(monkeypatch, kwargs, exc, match):
+    monkeypatch.setenv("ATTNBOOK_STATIC", "1")
+    with pytest.raises(exc, match=match):
+        widgets.explore(_draw, display=False, **kwargs)

@@ -32,3 +32,30 @@ def test_rule_accepts_float32_attention_and_rejects_a_wrong_one():
     wrong[0, 0, 0] += 1e-3
     with pytest.raises(AssertionError, match="exceeds 2 x naive error"):
         assert_close_to_reference(wrong, naive, ref, name="output")
+
+
+def test_rule_refuses_a_naive_baseline_that_is_not_finite():
+    """A NaN naive result made the bound infinite, so anything - NaN included - passed."""
+    ref = torch.ones(3, dtype=torch.float64)
+    nan = torch.full((3,), float("nan"))
+    with pytest.raises(ValueError, match="naive result .* not finite"):
+        assert_close_to_reference(nan, nan, ref)
+    with pytest.raises(AssertionError, match="max error inf"):
+        assert_close_to_reference(nan, torch.ones(3), ref)
+
+
+@pytest.mark.parametrize(
+    "call, exc, match",
+    [
+        (lambda: assert_close_to_reference(torch.ones(2), torch.ones(2), torch.ones(2)), TypeError, "float64"),
+        (lambda: assert_close_to_reference(torch.ones(2), torch.ones(2), torch.ones(2).double(), factor=0.5),
+         ValueError, "`factor`"),
+        (lambda: assert_close_to_reference([1.0], torch.ones(1), torch.ones(1).double()), TypeError, "`actual`"),
+        (lambda: max_abs_error([1.0], torch.ones(1)), TypeError, "`a` must be a torch.Tensor"),
+        (lambda: relative_error(torch.ones(2), torch.ones(3)), ValueError, "shapes differ"),
+        (lambda: rounding_step(torch.ones(2), torch.int64), TypeError, "`dtype`"),
+    ],
+)
+def test_bad_input(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()

@@ -1,11 +1,18 @@
 """attnbook: the companion library of 《注意力机制：从推导到实现》.
 
 One concept per module (see DESIGN.md): ``attention`` (scores, masks, ``attention_ref``),
-``flash`` (online softmax, ``attention_tiled``), ``triton_flash`` (fused Triton kernel,
-imported lazily), ``efficient`` (linear attention, sparse masks), and helpers for the book
-(``display``, ``plotting``, ``widgets``, ``testing``, ``bench``).
+``flash`` (online softmax, ``attention_tiled``), ``dispatch`` (the entry point below),
+``triton_flash`` (fused Triton kernel, imported lazily), ``efficient`` (linear attention, sparse
+masks), and helpers for the book (``display``, ``plotting``, ``widgets``, ``testing``, ``bench``).
 
-Importing the package has no side effects: no plotting setup, no printing, no downloads.
+The package re-exports the entry point ``attention(q, k, v, *, mask=None, causal=False,
+scale=None, backend="auto")`` with ``BACKENDS``, ``available_backends`` and ``choose_backend``,
+and the names in ``__all__`` from ``attention`` and ``flash``. The function shadows the module
+of the same name: ``attnbook.attention`` (and ``import attnbook.attention as m``) is the
+function; reach the module's helpers with ``from attnbook.attention import causal_mask, ...``.
+
+Importing the package has no side effects: no printing, no plotting setup (matplotlib, IPython
+and ipywidgets are imported only by the helpers that draw), no Triton import, no downloads.
 """
 from .attention import (
     additive_scores,

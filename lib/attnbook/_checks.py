@@ -7,10 +7,11 @@ a silently wrong answer.
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 
-__all__ = ["check_attention_args", "check_block", "check_tensor", "describe"]
+__all__ = ["check_attention_args", "check_block", "check_int", "check_scale", "check_tensor", "describe"]
 
 
 def describe(t: torch.Tensor) -> str:
@@ -37,6 +38,30 @@ def check_block(name: str, value, *, fn: str = "attention") -> int:
     if value < 1:
         raise ValueError(f"{fn}: `{name}` must be >= 1, got {value}")
     return value
+
+
+def check_int(name: str, value, *, fn: str, minimum: int = 1) -> int:
+    """Validate an integer argument (Python or numpy int, not bool) that must be >= ``minimum``."""
+    if isinstance(value, bool):
+        raise TypeError(f"{fn}: `{name}` must be an int >= {minimum}, got a bool ({value!r})")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{fn}: `{name}` must be an int >= {minimum}, got {value!r} ({type(value).__name__})") from None
+    if value < minimum:
+        raise ValueError(f"{fn}: `{name}` must be an int >= {minimum}, got {value}")
+    return value
+
+
+def check_scale(scale, d: int, *, fn: str) -> float:
+    """Resolve the softmax scale: ``1/sqrt(d)`` for None, else a finite number > 0 (as a float)."""
+    if scale is None:
+        return 1.0 / math.sqrt(d)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"{fn}: `scale` must be a float or None, got {scale!r}")
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"{fn}: `scale` must be finite and > 0, got {scale!r}")
+    return float(scale)
 
 
 def _broadcastable(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
@@ -98,10 +123,4 @@ def check_attention_args(q, k, v, mask=None, scale=None, *, fn: str = "attention
                 f"{fn}: `mask` of shape {tuple(mask.shape)} does not broadcast to the scores' shape "
                 f"{target} = (..., Tq, Tk)"
             )
-    if scale is None:
-        return 1.0 / math.sqrt(q.shape[-1])
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"{fn}: `scale` must be a float or None, got {scale!r}")
-    if not math.isfinite(scale) or scale <= 0:
-        raise ValueError(f"{fn}: `scale` must be finite and > 0, got {scale!r}")
-    return float(scale)
+    return check_scale(scale, q.shape[-1], fn=fn)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_attention_args, check_tensor
+from ._checks import check_attention_args, check_int, check_scale, check_tensor
 
 __all__ = [
     "additive_scores",
@@ -32,17 +32,25 @@ __all__ = [
 # Score functions: (..., Tq, D) x (..., Tk, D) -> (..., Tq, Tk)
 # ---------------------------------------------------------------------------------------------
 
-def _check_qk(q, k, fn: str) -> None:
+def _check_qk(q, k, fn: str, *params) -> None:
+    """q, k (and the named weight tensors ``params``): floating, one dtype and device, batch dims broadcast."""
     check_tensor("q", q, fn=fn, min_ndim=2)
     check_tensor("k", k, fn=fn, min_ndim=2)
-    if q.dtype != k.dtype or q.device != k.device:
-        raise TypeError(f"{fn}: q and k must share dtype and device, got {q.dtype}/{q.device} and {k.dtype}/{k.device}")
+    for name, t in (("k", k), *params):
+        if t.dtype != q.dtype or t.device != q.device:
+            raise TypeError(f"{fn}: `{name}` must have q's dtype and device ({q.dtype}, {q.device}), "
+                            f"got {t.dtype}, {t.device}")
+    try:
+        torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    except RuntimeError:
+        raise ValueError(f"{fn}: the leading (batch) dims of q {tuple(q.shape)} and k {tuple(k.shape)} "
+                         f"do not broadcast") from None
 
 
 def dot_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Dot-product scores (chapters 03 and 04, eq. 2): ``e_ij = q_i . k_j``.
+    """Dot-product scores (chapter 04, eq. 2; also chapter 03's "dot" score): ``e_ij = q_i . k_j``.
 
-    Args: q ``(..., Tq, D)``, k ``(..., Tk, D)``.  Returns ``(..., Tq, Tk)``.
+    Args: q ``(..., Tq, D)``, k ``(..., Tk, D)`` (leading dims broadcast).  Returns ``(..., Tq, Tk)``.
     """
     _check_qk(q, k, "dot_scores")
     if q.shape[-1] != k.shape[-1]:
@@ -51,17 +59,14 @@ def dot_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 
 
 def scaled_dot_scores(q: torch.Tensor, k: torch.Tensor, scale: float | None = None) -> torch.Tensor:
-    """Scaled dot-product scores (chapter 04, eq. 4): ``e_ij = q_i . k_j / sqrt(D)``.
+    """Scaled dot-product scores (chapter 04, eq. 4): ``e_ij = scale * q_i . k_j``, scale = 1/sqrt(D).
 
-    Args: q ``(..., Tq, D)``, k ``(..., Tk, D)``, scale (default ``1/sqrt(D)``).
-    Returns ``(..., Tq, Tk)``.
+    Args: q ``(..., Tq, D)``, k ``(..., Tk, D)``, scale (default ``1/sqrt(D)``; finite, > 0).
+    Returns ``(..., Tq, Tk)``. q is scaled before the product, as in ``attention_ref``.
     """
-    s = dot_scores(q, k)
-    if scale is None:
-        scale = q.shape[-1] ** -0.5
-    elif not (isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale > 0):
-        raise ValueError(f"scaled_dot_scores: `scale` must be a positive number, got {scale!r}")
-    return s * scale
+    _check_qk(q, k, "scaled_dot_scores")
+    scale = check_scale(scale, q.shape[-1], fn="scaled_dot_scores")
+    return dot_scores(q * scale, k)
 
 
 def general_scores(q: torch.Tensor, k: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -69,8 +74,8 @@ def general_scores(q: torch.Tensor, k: torch.Tensor, weight: torch.Tensor) -> to
 
     Args: q ``(..., Tq, Dq)``, k ``(..., Tk, Dk)``, weight ``(Dq, Dk)``.  Returns ``(..., Tq, Tk)``.
     """
-    _check_qk(q, k, "general_scores")
     check_tensor("weight", weight, fn="general_scores", min_ndim=2)
+    _check_qk(q, k, "general_scores", ("weight", weight))
     if weight.shape != (q.shape[-1], k.shape[-1]):
         raise ValueError(
             f"general_scores: `weight` must have shape (Dq, Dk) = ({q.shape[-1]}, {k.shape[-1]}), "
@@ -89,10 +94,10 @@ def additive_scores(
     Args: q ``(..., Tq, Dq)``, k ``(..., Tk, Dk)``, w_q ``(Dq, A)``, w_k ``(Dk, A)``, v_a ``(A,)``.
     Returns ``(..., Tq, Tk)``.
     """
-    _check_qk(q, k, "additive_scores")
     for name, t in (("w_q", w_q), ("w_k", w_k)):
         check_tensor(name, t, fn="additive_scores", min_ndim=2)
     check_tensor("v_a", v_a, fn="additive_scores", min_ndim=1)
+    _check_qk(q, k, "additive_scores", ("w_q", w_q), ("w_k", w_k), ("v_a", v_a))
     a = v_a.shape[-1]
     if w_q.shape != (q.shape[-1], a) or w_k.shape != (k.shape[-1], a) or v_a.ndim != 1:
         raise ValueError(
@@ -114,10 +119,8 @@ def causal_mask(tq: int, tk: int | None = None, *, device=None) -> torch.Tensor:
 
     Args: tq, tk (default ``tq``).  Returns a bool tensor ``(tq, tk)``, True = may attend.
     """
-    tk = tq if tk is None else tk
-    for name, val in (("tq", tq), ("tk", tk)):
-        if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-            raise ValueError(f"causal_mask: `{name}` must be an int >= 1, got {val!r}")
+    tq = check_int("tq", tq, fn="causal_mask")
+    tk = tq if tk is None else check_int("tk", tk, fn="causal_mask")
     return torch.ones(tq, tk, dtype=torch.bool, device=device).tril()
 
 
@@ -127,10 +130,12 @@ def padding_mask(lengths, t: int) -> torch.Tensor:
     Args: lengths: ints or a 1-D integer tensor ``(B,)`` with ``0 <= lengths[b] <= t``; t: padded length.
     Returns a bool tensor ``(B, 1, 1, t)`` that broadcasts against ``(B, H, Tq, Tk)``.
     """
-    if isinstance(t, bool) or not isinstance(t, int) or t < 1:
-        raise ValueError(f"padding_mask: `t` must be an int >= 1, got {t!r}")
-    lengths = torch.as_tensor(lengths)
-    if lengths.ndim != 1 or lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
+    t = check_int("t", t, fn="padding_mask")
+    try:
+        lengths = torch.as_tensor(lengths)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"padding_mask: `lengths` must be ints or a 1-D integer tensor, got {lengths!r:.80}") from None
+    if lengths.ndim != 1 or lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
         raise ValueError(f"padding_mask: `lengths` must be a 1-D integer sequence, got {lengths.dtype} {tuple(lengths.shape)}")
     if (lengths < 0).any() or (lengths > t).any():
         raise ValueError(f"padding_mask: every entry of `lengths` must lie in [0, {t}], got {lengths.tolist()}")
@@ -139,7 +144,9 @@ def padding_mask(lengths, t: int) -> torch.Tensor:
 
 
 def mask_to_additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """Turn a bool mask (True = may attend) into an additive one (0 / -inf); floats pass through."""
+    """Turn a bool mask (True = may attend) into an additive one (0 / -inf); floats are cast to ``dtype``."""
+    if mask is not None:
+        check_tensor("mask", mask, fn="mask_to_additive", min_ndim=0, floating=mask.dtype != torch.bool)
     if mask is None or mask.dtype != torch.bool:
         return None if mask is None else mask.to(dtype)
     out = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
@@ -151,7 +158,11 @@ def masked_softmax(scores: torch.Tensor) -> torch.Tensor:
 
     A hand-written ``exp(s - max) / sum`` gives 0/0 = NaN on such rows; here the row max is
     replaced by 0 where it is -inf, so every exp is 0 and the denominator is clamped.
+    Args: scores, floating ``(..., N)``.  Returns ``(..., N)`` in the same dtype (N = 0: empty).
     """
+    check_tensor("scores", scores, fn="masked_softmax", min_ndim=1)
+    if scores.shape[-1] == 0:  # no key at all: nothing to normalise (and amax would raise)
+        return scores.clone()
     m = scores.amax(dim=-1, keepdim=True)
     m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)  # fully masked row: avoid -inf - -inf
     p = torch.exp(scores - m)
@@ -180,7 +191,9 @@ def attention_ref(q, k, v, *, mask=None, causal=False, scale=None):
     scale = check_attention_args(q, k, v, mask, scale, fn="attention_ref")
     if not isinstance(causal, bool):
         raise TypeError(f"attention_ref: `causal` must be a bool, got {causal!r}")
-    scores = (q @ k.transpose(-2, -1)) * scale  # (..., Tq, Tk)
+    # Scale q first: the unscaled Q K^T is 1/scale (sqrt(D)) times the logits and overflows float16's 65504
+    # (-> inf -> NaN in the softmax) while logits of ~1e4 still fit.
+    scores = (q * scale) @ k.transpose(-2, -1)  # (..., Tq, Tk)
     if mask is not None:
         scores = scores + mask_to_additive(mask, scores.dtype)
     if causal:

@@ -394,9 +394,17 @@ def machine_info() -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m attnbook.bench", description=__doc__.split("\n")[0],
-                                epilog="Defaults depend on --device; see BenchConfig in attnbook/bench.py.")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    p = argparse.ArgumentParser(
+        prog="python -m attnbook.bench", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__doc__.split("\n")[0] + "\n\nPrints a Markdown table: one row per backend and sequence "
+        "length T with the median time,\nthroughput (FlashAttention FLOP convention) and time / sdpa; with "
+        "--memory, peak extra\nmemory and its ratio to the 'ref' backend instead.",
+        epilog="Defaults depend on --device (see BenchConfig in attnbook/bench.py).\nExamples:\n"
+               "  python -m attnbook.bench --quick                     # smoke test, a few seconds\n"
+               "  python -m attnbook.bench --seq 1024 4096 --mode bwd  # backward only, two lengths\n"
+               "  python -m attnbook.bench --memory --jobs 2           # peak memory, T up to 16384")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="default: cuda when torch sees a GPU, else cpu")
     p.add_argument("--dtype", choices=list(DTYPES), help="default float32 on CPU, float16 on CUDA")
     p.add_argument("--batch", type=int, help="default 1 on CPU, 16384 // T on CUDA")
     p.add_argument("--heads", type=int, help="default 8 on CPU (1 with --memory), 2048 // D on CUDA")
@@ -405,7 +413,8 @@ def _parser() -> argparse.ArgumentParser:
                    "(.. 16384 with --memory), 1024 .. 16384 on CUDA")
     p.add_argument("--causal", nargs="?", const="yes", choices=["yes", "no", "both"],
                    help="'--causal' alone: causal only; default: no on CPU, both on CUDA")
-    p.add_argument("--mode", choices=list(MODES), default="fwd")
+    p.add_argument("--mode", choices=list(MODES), default="fwd",
+                   help="what is timed: the forward under no_grad, out.backward(dO) only, or both (default fwd)")
     p.add_argument("--backends", nargs="+", default=list(BACKENDS), metavar="NAME",
                    help=f"any of {', '.join(BACKENDS)} (default: all; unavailable ones are skipped)")
     p.add_argument("--repeats", type=int, help="timed runs (median reported); default 5 on CPU, 20 on CUDA")
@@ -415,7 +424,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--block-q", type=int, help="block_q for the tiled backend")
     p.add_argument("--block-k", type=int, help="block_k for the tiled backend")
     p.add_argument("--jobs", type=int, default=1, help="memory mode on CPU: subprocesses run at once")
-    p.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny default sizes for a smoke test (CPU: H=2, D=16, T=64 128; 256 512 with --memory)")
     p.add_argument("--markdown", action="store_true", help="add a header with machine, date and command")
     p.add_argument("--json", metavar="FILE", help="also write the rows (raw numbers) to FILE as JSON")
     return p

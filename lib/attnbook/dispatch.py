@@ -56,14 +56,22 @@ def triton_status(q, k, v, mask=None) -> tuple[bool, str]:
 
 
 def choose_backend(q, k, v, mask=None) -> str:
-    """The backend ``"auto"`` uses: ``"triton"`` on CUDA when it can serve, else ``"tiled"``."""
+    """The backend ``"auto"`` uses: ``"triton"`` on CUDA when it can serve, else ``"tiled"``.
+
+    Raises TypeError / ValueError for arguments no backend accepts (as :func:`attention` does).
+    """
+    check_attention_args(q, k, v, mask, fn="choose_backend")
     if q.is_cuda and triton_status(q, k, v, mask)[0]:
         return "triton"
     return "tiled"
 
 
 def available_backends(q, k, v, mask=None) -> list[str]:
-    """The explicit backends that can run these arguments on this machine."""
+    """The explicit backends that can run these arguments on this machine (a subset of ``BACKENDS``).
+
+    Raises TypeError / ValueError for arguments no backend accepts (as :func:`attention` does).
+    """
+    check_attention_args(q, k, v, mask, fn="available_backends")
     names = ["ref", "tiled", "sdpa"]
     if triton_status(q, k, v, mask)[0]:
         names.insert(2, "triton")
@@ -72,6 +80,8 @@ def available_backends(q, k, v, mask=None) -> list[str]:
 
 def _sdpa(q, k, v, mask, causal, scale):
     tq, tk = q.shape[-2], k.shape[-2]
+    if mask is not None:  # SDPA indexes dim -2 of its mask: a (Tk,) or 0-d mask becomes (1, Tk) / (1, 1)
+        mask = mask.reshape((1,) * max(0, 2 - mask.ndim) + tuple(mask.shape))
     attn_mask = mask
     if causal and mask is not None:
         # SDPA refuses attn_mask together with is_causal: fold the causal mask in ourselves.
@@ -81,15 +91,21 @@ def _sdpa(q, k, v, mask, causal, scale):
         else:
             attn_mask = mask.masked_fill(~cm, float("-inf"))
         causal = False
-    if attn_mask is not None and attn_mask.dtype != torch.bool:
+    if attn_mask is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    if attn_mask.dtype != torch.bool:
         attn_mask = attn_mask.to(q.dtype)
+    # Fully masked rows: make the zero policy explicit, whatever SDPA's kernel does. Such a row is
+    # opened to every key before the call (a finite dummy; some SDPA kernels, e.g. the math one
+    # before torch 2.5, return NaN there, and NaN * 0 would leak NaN into every gradient) and
+    # zeroed after it, so it gets zero output and zero gradients.
+    allowed = attn_mask if attn_mask.dtype == torch.bool else ~torch.isneginf(attn_mask)
+    row_ok = allowed.expand(*q.shape[:-1], tk).any(dim=-1, keepdim=True)  # (..., Tq, 1)
+    if not bool(row_ok.all()):
+        open_row = True if attn_mask.dtype == torch.bool else 0.0  # every key allowed
+        attn_mask = torch.where(row_ok, attn_mask, open_row)  # (..., Tq, Tk)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal, scale=scale)
-    if attn_mask is not None:
-        # Fully masked rows: make the zero-output policy explicit, whatever SDPA's kernel does.
-        allowed = attn_mask if attn_mask.dtype == torch.bool else ~torch.isneginf(attn_mask)
-        row_ok = allowed.expand(*q.shape[:-1], tk).any(dim=-1, keepdim=True)  # (..., Tq, 1)
-        out = out.masked_fill(~row_ok, 0.0)
-    return out
+    return out.masked_fill(~row_ok, 0.0)
 
 
 def attention(q, k, v, *, mask=None, causal=False, scale=None, backend: str = "auto"):
@@ -99,12 +115,16 @@ def attention(q, k, v, *, mask=None, causal=False, scale=None, backend: str = "a
 
     Args:
         q: ``(..., Tq, D)``; k: ``(..., Tk, D)``; v: ``(..., Tk, Dv)``.
-        mask: bool (True = may attend) or additive float, broadcastable to ``(..., Tq, Tk)``.
+        mask: bool (True = may attend) or additive float, broadcastable to ``(..., Tq, Tk)``;
+            a float mask may require grad (a learned bias: "ref", "tiled", "sdpa" return its gradient).
         causal: forbid key j > query i (top-left aligned when ``Tq != Tk``).
         scale: softmax scale, default ``1/sqrt(D)``.
         backend: ``"auto"``, ``"ref"``, ``"tiled"``, ``"triton"`` or ``"sdpa"``.
     Returns:
-        ``out`` of shape ``(..., Tq, Dv)``, differentiable in every backend.
+        ``out`` of shape ``(..., Tq, Dv)`` in the input dtype, differentiable in every backend.
+    Raises:
+        TypeError / ValueError for bad arguments (naming the argument and what was seen);
+        RuntimeError for ``backend="triton"`` where the kernel cannot serve, saying why.
     """
     if backend not in BACKENDS:
         raise ValueError(f"attention: unknown `backend` {backend!r}; choose one of {BACKENDS}")

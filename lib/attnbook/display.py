@@ -41,7 +41,10 @@ def show_source(obj, *, display: bool = True):
         obj: a function, class, method or module of the library.
         display: show it now (in a notebook); with False just return the Markdown object.
     Returns:
-        An ``IPython.display.Markdown`` object (also its ``.data`` string).
+        None when ``display`` is true (the fence is shown); otherwise the ``IPython.display.Markdown``
+        object, whose ``.data`` is the Markdown string.
+    Raises:
+        TypeError when ``obj`` has no Python source (a builtin, a string, an instance ...).
     """
     from IPython.display import Markdown
     from IPython.display import display as ipy_display

@@ -48,7 +48,7 @@ def _bool_mask(fn: str, name: str, mask, ndim: int | None = None) -> None:
 
 
 def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
-    """Non-negative feature map phi(x) = elu(x) + 1 (chapter 09; Katharopoulos et al. 2020, eq. 5).
+    """Non-negative feature map phi(x) = elu(x) + 1 (chapter 09; the map Katharopoulos et al. 2020 use).
 
     Evaluated as ``x + 1`` for x > 0 and ``exp(x)`` otherwise (the same function): ``elu(x) + 1``
     written literally rounds to exactly 0 for x below about -37 in float64 (-17 in float32).

@@ -3,9 +3,10 @@
 ``attention_tiled`` never materialises the ``(Tq, Tk)`` score matrix. The outer loop owns a
 query tile (``m_i = -inf``, ``l_i = 0``, ``acc = 0``), the inner loop visits key tiles and keeps
 a running row max ``m_i`` and row sum ``l_i``, and the epilogue divides by ``l_i``
-and stores the log-sum-exp ``lse = m_i + log l_i``. The backward pass recomputes each tile's
-``P = exp(S - lse)`` from that statistic (FlashAttention-2, Dao 2023, Alg. 2), so training
-keeps O(T) extra memory instead of O(T^2).
+and returns the log-sum-exp ``lse = m_i + log l_i``. The backward pass recomputes each tile's
+``P = exp(S - m_i) / l_i`` from the saved row statistics (FlashAttention-2, Dao 2023, Alg. 2,
+which saves their sum ``lse``; keeping ``m_i`` and ``l_i`` apart keeps the recomputed ``P`` as
+exact as the forward's at large logits), so training keeps O(T) extra memory instead of O(T^2).
 
 Two implementation choices, both exact: ``q`` is pre-multiplied by ``scale * log2(e)`` so the
 kernel works in base 2 (``exp2`` is several times cheaper than ``exp`` on CPUs, the same trick
@@ -17,7 +18,7 @@ import math
 
 import torch
 
-from ._checks import check_attention_args, check_block, check_tensor
+from ._checks import check_attention_args, check_block, check_int, check_tensor
 
 __all__ = ["attention_tiled", "default_blocks", "online_softmax", "tile_schedule"]
 
@@ -65,6 +66,7 @@ def default_blocks(tq: int, tk: int) -> tuple[int, int]:
     64 x 64 tiles the Python overhead dominates; a 256 x 512 float32 tile is 512 KiB per
     (batch, head) and its matrix products run near the CPU's peak.
     """
+    tq, tk = check_int("tq", tq, fn="default_blocks", minimum=0), check_int("tk", tk, fn="default_blocks", minimum=0)
     block_q = 256 if tq >= 768 else 64 if tq >= 192 else 32
     return block_q, 512
 
@@ -111,11 +113,13 @@ def _mask_tile(s, mask, lead, i0, j0, causal):
 def _forward(q, k, v, mask, lead, causal, block_q, block_k):
     """FlashAttention-2 forward. q (G, Tq, D) pre-scaled by scale*log2(e), k (G, Tk, D), v (G, Tk, Dv).
 
-    Returns ``out`` (G, Tq, Dv) and ``lse2`` (G, Tq), the log-sum-exp in base 2.
+    Returns ``out`` (G, Tq, Dv) and the row statistics ``m`` (G, Tq), the row max of the base-2
+    scores, and ``l`` (G, Tq), the row sum of ``2^(S - m)``: the base-2 log-sum-exp is
+    ``m + log2(l)`` (``-inf`` for a row with no allowed key, where ``m = -inf`` and ``l = 0``).
     """
     g, tq, tk, dv = q.shape[0], q.shape[1], k.shape[1], v.shape[-1]
     kt = k.transpose(1, 2)  # (G, D, Tk)
-    out, lse2 = q.new_empty((g, tq, dv)), q.new_empty((g, tq))
+    out, m2, l = q.new_empty((g, tq, dv)), q.new_empty((g, tq)), q.new_empty((g, tq))
     s_buf = q.new_empty(g * min(block_q, tq) * min(block_k, tk))  # one score tile, reused
     for i0 in range(0, tq, block_q):
         q_i = q[:, i0:i0 + block_q]  # (G, n, D)
@@ -135,20 +139,27 @@ def _forward(q, k, v, mask, lead, causal, block_q, block_k):
             acc.mul_(alpha).baddbmm_(p, v_j)  # acc' = alpha * acc + P_ij V_j
             m_i = m_new
         out[:, i0:i0 + n] = acc.div_(l_i.masked_fill(l_i == 0, 1.0))  # O_i = acc / l_i; empty row: 0
-        lse2[:, i0:i0 + n] = (m_i + torch.log2(l_i)).squeeze(-1)  # L_i = m_i + log2(l_i); empty row: -inf
-    return out, lse2  # (G, Tq, Dv), (G, Tq)
+        m2[:, i0:i0 + n], l[:, i0:i0 + n] = m_i.squeeze(-1), l_i.squeeze(-1)
+    return out, m2, l  # (G, Tq, Dv), (G, Tq), (G, Tq)
 
 
-def _backward(q, k, v, out, lse2, dout, mask, lead, causal, scale, block_q, block_k):
-    """FlashAttention-2 backward: recompute P_ij = 2^(S_ij - L_i) tile by tile. Shapes as ``_forward``.
+def _backward(q, k, v, out, m2, l, dout, mask, lead, causal, scale, block_q, block_k, dmask=None):
+    """FlashAttention-2 backward: recompute P_ij = 2^(S_ij - m_i) / l_i tile by tile. Shapes as ``_forward``.
 
-    q here is the unscaled query; returns dq, dk, dv in the compute dtype.
+    q here is the unscaled query; returns dq, dk, dv in the compute dtype. If ``dmask`` (G, Tq, Tk)
+    is given, the score gradients dS_ij (the gradient of an additive mask) are written into it. The row max ``m`` and
+    row sum ``l`` are used apart, never as one ``lse = m + log2(l)``: at logits of 1e3 to 1e4 a
+    float32 ``lse`` is rounded by ~1e-4 to 1e-3, which ``2^(S - lse)`` would turn into a relative
+    error of that size in every recomputed P_ij, while ``S - m`` is as exact as in the forward pass.
+    The 1/l_i factor is folded into dO_i and D_i once per row instead of into every tile.
     """
     g, tq, tk = q.shape[0], q.shape[1], k.shape[1]
     qs = q * (scale * LOG2E)  # (G, Tq, D)
     kt, vt = k.transpose(1, 2), v.transpose(1, 2)  # (G, D, Tk), (G, Dv, Tk)
-    neg_lse = -lse2.masked_fill(lse2 == NEG_INF, float("inf")).unsqueeze(-1)  # empty row: P = 2^-inf = 0
-    neg_delta = -(dout * out).sum(-1, keepdim=True)  # -D_i, D_i = rowsum(dO_i * O_i)  (G, Tq, 1)
+    neg_m = -m2.masked_fill(m2 == NEG_INF, float("inf")).unsqueeze(-1)  # empty row: 2^(S - inf) = 0  (G, Tq, 1)
+    inv_l = torch.where(l > 0, 1.0 / l.masked_fill(l == 0, 1.0), 0.0).unsqueeze(-1)  # 1 / l_i; empty row: 0
+    dout = dout * inv_l  # dO_i / l_i  (G, Tq, Dv)
+    neg_delta = -(dout * out).sum(-1, keepdim=True)  # -D_i / l_i, D_i = rowsum(dO_i * O_i)  (G, Tq, 1)
     dq = [q.new_zeros((g, min(block_q, tq - i0), q.shape[-1])) for i0 in range(0, tq, block_q)]
     dks, dvs = [], []
     for j0 in range(0, tk, block_k):  # FA2 backward: the outer loop owns a key tile
@@ -160,12 +171,15 @@ def _backward(q, k, v, out, lse2, dout, mask, lead, causal, scale, block_q, bloc
         for i0 in range(first_q, tq, block_q):
             sl = slice(i0, i0 + block_q)
             n = dq[i0 // block_q].shape[1]
-            s = torch.baddbmm(neg_lse[:, sl].expand(g, n, m), qs[:, sl], kt_j)  # S_ij - L_i (G, n, m)
+            s = torch.baddbmm(neg_m[:, sl].expand(g, n, m), qs[:, sl], kt_j)  # S_ij - m_i (G, n, m)
             _mask_tile(s, mask, lead, i0, j0, causal)
-            p = s.exp2_()  # P_ij = exp(S_ij - L_i), recomputed
-            dv_j.baddbmm_(p.transpose(1, 2), dout[:, sl])  # dV_j += P_ij^T dO_i
-            dp = torch.baddbmm(neg_delta[:, sl].expand(g, n, m), dout[:, sl], vt_j)  # dP_ij - D_i, dP_ij = dO_i V_j^T
+            p = s.exp2_()  # l_i P_ij = 2^(S_ij - m_i), recomputed
+            dv_j.baddbmm_(p.transpose(1, 2), dout[:, sl])  # dV_j += (l_i P_ij)^T (dO_i / l_i) = P_ij^T dO_i
+            dp = torch.baddbmm(neg_delta[:, sl].expand(g, n, m), dout[:, sl], vt_j)  # (dP_ij - D_i) / l_i
+            # (dP_ij = dO_i V_j^T; the 1/l_i comes with dout, it turns 2^(S_ij - m_i) into P_ij below)
             ds = dp.mul_(p)  # dS_ij = P_ij * (dP_ij - D_i)
+            if dmask is not None:
+                dmask[:, sl, j0:j0 + m] = ds  # d mask_ij = dS_ij: the mask is added to S
             dq[i0 // block_q].baddbmm_(ds, k_j)  # dQ_i += dS_ij K_j     (times scale below)
             dk_j.baddbmm_(ds.transpose(1, 2), q[:, sl])  # dK_j += dS_ij^T Q_i   (times scale below)
         dks.append(dk_j.mul_(scale))
@@ -185,17 +199,18 @@ def _flatten(t, dtype):
 
 
 class _TiledAttention(torch.autograd.Function):
-    """Custom autograd: forward saves q, k, v, out, lse (and the mask), backward recomputes tiles."""
+    """Custom autograd: forward saves q, k, v, out, the row max m and row sum l (and the mask);
+    backward recomputes the tiles."""
 
     @staticmethod
     def forward(ctx, q, k, v, mask, causal, scale, block_q, block_k):
         cdt = _compute_dtype(q.dtype)
         lead = tuple(q.shape[:-2])
         q3, k3, v3 = _flatten(q, cdt), _flatten(k, cdt), _flatten(v, cdt)  # (G, T, D)
-        out, lse2 = _forward(q3 * (scale * LOG2E), k3, v3, mask, lead, causal, block_q, block_k)
+        out, m2, l = _forward(q3 * (scale * LOG2E), k3, v3, mask, lead, causal, block_q, block_k)
         out = out.reshape(*lead, q.shape[-2], v.shape[-1])  # (..., Tq, Dv)
-        lse = (lse2 * LN2).reshape(*lead, q.shape[-2])  # natural log (..., Tq)
-        ctx.save_for_backward(q, k, v, out, lse, mask)
+        lse = ((m2 + torch.log2(l)) * LN2).reshape(*lead, q.shape[-2])  # natural log (..., Tq); empty row: -inf
+        ctx.save_for_backward(q, k, v, out, m2, l, mask)
         ctx.config = (causal, scale, block_q, block_k)
         ctx.mark_non_differentiable(lse)
         return out.to(q.dtype), lse
@@ -203,17 +218,20 @@ class _TiledAttention(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout, _dlse):
-        q, k, v, out, lse, mask = ctx.saved_tensors
+        q, k, v, out, m2, l, mask = ctx.saved_tensors
         causal, scale, block_q, block_k = ctx.config
         cdt = out.dtype
-        lead = tuple(q.shape[:-2])
+        lead, tq, tk = tuple(q.shape[:-2]), q.shape[-2], k.shape[-2]
+        # A float mask that requires grad (a learned bias): its gradient is dS, a (..., Tq, Tk) tensor.
+        dmask = out.new_zeros((math.prod(lead), tq, tk)) if ctx.needs_input_grad[3] else None
         dq, dk, dv = _backward(
-            _flatten(q, cdt), _flatten(k, cdt), _flatten(v, cdt), _flatten(out, cdt),
-            (lse * LOG2E).reshape(math.prod(lead), q.shape[-2]), _flatten(dout, cdt),
-            mask, lead, causal, scale, block_q, block_k,
+            _flatten(q, cdt), _flatten(k, cdt), _flatten(v, cdt), _flatten(out, cdt), m2, l,
+            _flatten(dout, cdt), mask, lead, causal, scale, block_q, block_k, dmask,
         )
+        if dmask is not None:  # summed over the dims the mask was broadcast along
+            dmask = dmask.reshape(*lead, tq, tk).sum_to_size(mask.shape).to(mask.dtype)
         return (dq.reshape(q.shape).to(q.dtype), dk.reshape(k.shape).to(k.dtype),
-                dv.reshape(v.shape).to(v.dtype), None, None, None, None, None)
+                dv.reshape(v.shape).to(v.dtype), dmask, None, None, None, None)
 
 
 def _prepare_mask(mask, tq, tk, dtype):
@@ -233,7 +251,7 @@ def attention_tiled(q, k, v, *, mask=None, causal=False, scale=None, block_q=Non
     ``P_ij = exp(S_ij - m_i')``, ``l_i' = exp(m_i - m_i') l_i + rowsum P_ij``,
     ``acc' = exp(m_i - m_i') acc + P_ij V_j``; finally ``O_i = acc / l_i`` and
     ``lse_i = m_i + log l_i``. Equal to ``softmax(Q K^T * scale + mask) V`` up to rounding.
-    Gradients come from a custom backward that recomputes ``P_ij = exp(S_ij - lse_i)``.
+    Gradients come from a custom backward that recomputes ``P_ij = exp(S_ij - m_i) / l_i``.
 
     Float16/bfloat16 inputs are computed in float32 (``out`` is returned in the input dtype);
     float32/float64 are computed in their own dtype. Runs on the device of its inputs.
@@ -241,7 +259,8 @@ def attention_tiled(q, k, v, *, mask=None, causal=False, scale=None, block_q=Non
     Args:
         q: ``(..., Tq, D)``; k: ``(..., Tk, D)``; v: ``(..., Tk, Dv)`` (same leading dims).
         mask: bool (True = may attend) or additive float, broadcastable to ``(..., Tq, Tk)``.
-            A float mask gets no gradient (a mask with ``requires_grad`` is refused).
+            A float mask that requires grad (a learned bias) gets its gradient dS; that one
+            gradient is a ``(..., Tq, Tk)`` tensor, so only then is O(Tq Tk) memory used.
         causal: forbid key j > query i (top-left aligned when Tq != Tk); tiles entirely above
             the diagonal are skipped, see :func:`tile_schedule`.
         scale: softmax scale, default ``1/sqrt(D)``.
@@ -260,8 +279,5 @@ def attention_tiled(q, k, v, *, mask=None, causal=False, scale=None, block_q=Non
     auto_q, auto_k = default_blocks(tq, tk)
     block_q = auto_q if block_q is None else check_block("block_q", block_q, fn="attention_tiled")
     block_k = auto_k if block_k is None else check_block("block_k", block_k, fn="attention_tiled")
-    if mask is not None and mask.requires_grad:
-        raise ValueError("attention_tiled: a float `mask` that requires grad is not supported "
-                         "(the tiled backward returns no mask gradient); pass mask.detach()")
     mask = _prepare_mask(mask, tq, tk, _compute_dtype(q.dtype))
     return _TiledAttention.apply(q, k, v, mask, causal, scale, block_q, block_k)

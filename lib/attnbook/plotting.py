@@ -13,20 +13,28 @@ import numpy as np
 __all__ = ["bar_plot", "heatmap", "hist_plot", "line_plot", "new_figure", "to_numpy"]
 
 
-def to_numpy(x) -> np.ndarray:
-    """A float numpy array from a tensor, array or sequence (detached, on the CPU)."""
+def to_numpy(x, *, name: str = "x", fn: str = "to_numpy") -> np.ndarray:
+    """A float numpy array from a real tensor, array or sequence of numbers (detached, on the CPU)."""
     if hasattr(x, "detach"):
         x = x.detach().cpu()
-        if x.dtype.is_floating_point:
+        if x.dtype.is_floating_point:  # bfloat16 / float16 have no (or a lossy) numpy twin
             x = x.double()
         x = x.numpy()
-    return np.asarray(x, dtype=float)
+    if isinstance(x, (str, bytes)) or np.iscomplexobj(x):
+        raise TypeError(f"{fn}: `{name}` must hold real numbers, got {type(x).__name__} {x!r:.60}")
+    try:
+        return np.asarray(x, dtype=float)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{fn}: `{name}` must hold real numbers, got {type(x).__name__} ({exc})") from None
 
 
 def new_figure(nrows: int = 1, ncols: int = 1, *, figsize=None, **kwargs):
     """``(fig, axes)`` like ``plt.subplots``, already closed in pyplot (no double display)."""
     import matplotlib.pyplot as plt
 
+    for name, n in (("nrows", nrows), ("ncols", ncols)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"new_figure: `{name}` must be an int >= 1, got {n!r}")
     if figsize is None:
         figsize = (4.2 * ncols, 3.4 * nrows)
     fig, axes = plt.subplots(nrows, ncols, figsize=figsize, squeeze=True, **kwargs)
@@ -58,7 +66,7 @@ def _label(ax, *, xlabel=None, ylabel=None, title=None, logy=False, legend=False
 def heatmap(matrix, *, ax=None, xlabel="key $j$", ylabel="query $i$", title=None, cmap="viridis",
             colorbar=True, vmin=None, vmax=None, xticklabels=None, yticklabels=None, figsize=(4.2, 3.6)):
     """A matrix as an image, row i = query i (e.g. attention weights ``A``). Returns the Figure."""
-    m = to_numpy(matrix)
+    m = to_numpy(matrix, name="matrix", fn="heatmap")
     if m.ndim != 2:
         raise ValueError(f"heatmap: `matrix` must be 2-D, got shape {m.shape}")
     fig, ax = _axes(ax, figsize)
@@ -78,12 +86,15 @@ def line_plot(x, ys, *, xlabel, ylabel, title=None, logx=False, logy=False, ax=N
     """Several curves over a shared x, ``ys = {label: values}``. Returns the Figure."""
     if not isinstance(ys, Mapping) or not ys:
         raise ValueError("line_plot: `ys` must be a non-empty dict {label: values}")
-    xs = to_numpy(x)
-    fig, ax = _axes(ax, figsize)
+    xs = to_numpy(x, name="x", fn="line_plot")
+    if logx and not (xs > 0).all():
+        raise ValueError(f"line_plot: logx=True needs x > 0 (a log axis drops the rest), got min x = {xs.min()}")
+    ys = {label: to_numpy(y, name=f"ys[{label!r}]", fn="line_plot") for label, y in ys.items()}
     for label, y in ys.items():
-        y = to_numpy(y)
         if y.shape != xs.shape:
             raise ValueError(f"line_plot: curve {label!r} has shape {y.shape}, x has {xs.shape}")
+    fig, ax = _axes(ax, figsize)
+    for label, y in ys.items():
         style = (styles or {}).get(label, "-o" if markers else "-")
         ax.plot(xs, y, style, label=label, markersize=4)
     if logx:
@@ -97,16 +108,22 @@ def hist_plot(values, *, bins=50, xlabel, ylabel="density", title=None, ax=None,
               logy=False, figsize=(4.8, 3.4)):
     """Histogram(s): ``values`` is an array or ``{label: array}``. Returns the Figure."""
     groups = values if isinstance(values, Mapping) else {None: values}
+    groups = {label: to_numpy(v, name="values", fn="hist_plot").ravel() for label, v in groups.items()}
+    if not groups or any(v.size == 0 for v in groups.values()):
+        raise ValueError("hist_plot: `values` must be a non-empty array or a dict of non-empty arrays")
     fig, ax = _axes(ax, figsize)
     for label, v in groups.items():
-        ax.hist(to_numpy(v).ravel(), bins=bins, density=density, alpha=0.6, label=label)
+        ax.hist(v, bins=bins, density=density, alpha=0.6, label=label)
     _label(ax, xlabel=xlabel, ylabel=ylabel, title=title, logy=logy, legend=len(groups) > 1)
     return fig
 
 
 def bar_plot(labels: Sequence[str], values, *, ylabel, title=None, ax=None, logy=False, figsize=(4.8, 3.4)):
     """Bars with text labels (e.g. FLOPs per stage). Returns the Figure."""
-    vals = to_numpy(values)
+    vals = to_numpy(values, name="values", fn="bar_plot")
+    if isinstance(labels, str) or not isinstance(labels, Sequence) or vals.ndim != 1:
+        raise TypeError(f"bar_plot: `labels` must be a sequence of strings and `values` 1-D, got "
+                        f"{type(labels).__name__} and shape {vals.shape}")
     if len(labels) != len(vals):
         raise ValueError(f"bar_plot: {len(labels)} labels but {len(vals)} values")
     fig, ax = _axes(ax, figsize)

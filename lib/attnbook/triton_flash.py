@@ -351,8 +351,9 @@ def _mask_problem(mask, q, k):
     if not isinstance(mask, torch.Tensor):
         return TypeError, f"`mask` must be None or a tensor, got {type(mask).__name__}"
     B, H, Tk, shape = q.shape[0], q.shape[1], k.shape[2], tuple(mask.shape)
-    only = ("only key-padding masks are supported by the Triton backend: bool (B, 1, 1, Tk) or (B, Tk) "
-            f"with True = real key, or integer lengths (B,); got {mask.dtype} mask {shape} for B={B}, H={H}, Tk={Tk}")
+    only = ("only key-padding masks are supported by the Triton backend: bool (B, H, 1, Tk), (B, Tk) or (Tk,) "
+            "(size-1 dims broadcast) with True = real key, or integer lengths (B,); "
+            f"got {mask.dtype} mask {shape} for B={B}, H={H}, Tk={Tk}")
     if mask.dtype == torch.bool:
         if mask.ndim == 4:
             ok = shape[0] in (1, B) and shape[1] in (1, H) and shape[2] == 1
@@ -485,8 +486,10 @@ def attention_triton(q, k, v, *, mask=None, causal=False, scale=None):
     Args:
         q: (B, H, Tq, D); k: (B, H, Tk, D); v: (B, H, Tk, Dv); float16, bfloat16 or float32, CUDA
             tensors (CPU tensors under TRITON_INTERPRET=1). D, Dv in 1..128.
-        mask: None, a bool key-padding mask (B, 1, 1, Tk) (also (B, Tk); size-1 dims broadcast;
-            True = real key), or integer lengths (B,) (keys j < lengths[b] are real).
+        mask: None, a bool key-padding mask (True = real key) of shape (B, H, 1, Tk), (B, Tk) or
+            (Tk,), any of whose B, H, Tk dims may be 1 (broadcast), or integer lengths (B,) (keys
+            j < lengths[b] are real). A 2-D mask is (B, Tk) here, not (Tq, Tk) as in
+            ``attnbook.attention``, which hands this kernel only 4-D key-padding masks.
         causal: query i sees key j only if j <= i (top-left aligned when Tq != Tk).
         scale: logit scale, default 1 / sqrt(D).
     Returns:

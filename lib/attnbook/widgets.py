@@ -8,6 +8,7 @@ with a one-line note that the interactive version runs in Jupyter or Colab.
 from __future__ import annotations
 
 import inspect
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 
@@ -33,10 +34,14 @@ def _check_control(name, spec):
     if isinstance(spec, bool):
         return
     if isinstance(spec, tuple):
-        if len(spec) not in (2, 3) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in spec):
-            raise ValueError(f"explore: control `{name}` must be (min, max) or (min, max, step), got {spec!r}")
+        if len(spec) not in (2, 3) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                              and math.isfinite(x) for x in spec):
+            raise ValueError(f"explore: control `{name}` must be (min, max) or (min, max, step) of finite "
+                             f"numbers, got {spec!r}")
         if spec[0] >= spec[1]:
             raise ValueError(f"explore: control `{name}` needs min < max, got {spec!r}")
+        if len(spec) == 3 and not 0 < spec[2] <= spec[1] - spec[0]:
+            raise ValueError(f"explore: control `{name}` needs 0 < step <= max - min, got {spec!r}")
         return
     if isinstance(spec, list):
         if not spec:
@@ -143,14 +148,27 @@ def explore(fn: Callable[..., object], *, static: Sequence[Mapping[str, object]]
         columns: panels per row in the static figure.
         display: show the result now; with False return it (the widget, or the static Figure).
         **controls: ``name=(min, max[, step])`` a slider (ints -> IntSlider), ``name=[options]`` a
-            dropdown, ``name=True/False`` a checkbox. Defaults come from ``fn``'s signature.
+            dropdown, ``name=True/False`` a checkbox; each name must be a parameter of ``fn``.
+            Defaults come from ``fn``'s signature (else the middle / first option / the bool).
+    Returns:
+        None when ``display`` is true; otherwise the ``ipywidgets.interactive`` widget (live
+        kernel) or the static small-multiples Figure (``ATTNBOOK_STATIC=1`` or no ipywidgets).
     """
     if not callable(fn):
         raise TypeError(f"explore: `fn` must be callable, got {type(fn).__name__}")
     if not controls:
         raise ValueError("explore: give at least one control, e.g. explore(fn, n=(8, 128))")
+    params = inspect.signature(fn).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     for name, spec in controls.items():
         _check_control(name, spec)
+        if not takes_any and name not in params:
+            raise TypeError(f"explore: control `{name}` is not a parameter of fn{inspect.signature(fn)}")
+    if columns is not None and (isinstance(columns, bool) or not isinstance(columns, int) or columns < 1):
+        raise ValueError(f"explore: `columns` must be an int >= 1 or None, got {columns!r}")
+    if static is not None and (isinstance(static, (str, Mapping)) or not isinstance(static, Sequence) or not static
+                               or not all(isinstance(s, Mapping) for s in static)):
+        raise TypeError(f"explore: `static` must be a non-empty list of dicts {{control: value}}, got {static!r:.80}")
     if is_static():
         settings = list(static) if static is not None else static_settings(fn, controls)
         for s in settings:
