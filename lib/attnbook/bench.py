@@ -156,6 +156,10 @@ def _call(fn, q, k, v, do, causal, mode):
         fn(q, k, v, causal).backward(do)
 
 
+class _Unsupported(Exception):
+    """A backend declines a case (e.g. the Triton kernel and this head dim): a note, not a failure."""
+
+
 def _is_oom(exc) -> bool:
     text = str(exc).lower()
     return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in text or "can't allocate" in text
@@ -166,7 +170,7 @@ def _time_and_cuda_memory(fn, cfg, b, h, t, d, causal):
     q, k, v, do = _inputs(b, h, t, d, DTYPES[cfg.dtype], cfg.device, cfg.mode != "fwd")
     ok, why = fn.support(q, k, v) if hasattr(fn, "support") else (True, "")
     if not ok:
-        raise NotImplementedError(why)
+        raise _Unsupported(why)
     gpu = cfg.device == "cuda"
     times = []
     for i in range(cfg.warmup + cfg.repeats):
@@ -246,7 +250,7 @@ def _measure(cfg, fn, row) -> dict:
         else:
             row["time_s"], row["mem_bytes"] = _time_and_cuda_memory(fn, cfg, *shape[1:])
             row["time_s"] = None if cfg.memory else row["time_s"]
-    except NotImplementedError as exc:  # the backend declines this case (e.g. no backward, head dim)
+    except _Unsupported as exc:  # the backend declines this case (e.g. no backward, head dim)
         row["note"] = f"not supported: {exc}"[:60]
     except Exception as exc:  # running out of memory is a result; anything else is a bug
         if not _is_oom(exc) and "does not require grad" not in str(exc):

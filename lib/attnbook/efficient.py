@@ -13,11 +13,10 @@ with a feature map that can go negative, e.g. the identity); a query with no all
 """
 from __future__ import annotations
 
-import operator
 
 import torch
 
-from ._checks import check_attention_args, check_tensor
+from ._checks import check_attention_args, check_int, check_tensor
 
 __all__ = [
     "elu_feature_map", "fixed_mask", "global_token_mask", "linear_attention",
@@ -25,18 +24,6 @@ __all__ = [
     "mask_nnz", "receptive_distance", "receptive_field", "sliding_window_mask",
     "sliding_window_nnz", "strided_mask", "strided_nnz",
 ]
-
-
-def _int(fn: str, name: str, value, minimum: int) -> int:
-    if isinstance(value, bool):
-        raise TypeError(f"{fn}: `{name}` must be an int, got a bool ({value!r})")
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{fn}: `{name}` must be an int, got {type(value).__name__}") from None
-    if value < minimum:
-        raise ValueError(f"{fn}: `{name}` must be >= {minimum}, got {value}")
-    return value
 
 
 def _bool_mask(fn: str, name: str, mask, ndim: int | None = None) -> None:
@@ -234,7 +221,7 @@ def _flag(fn: str, causal) -> None:
 
 def _offsets(fn: str, t, device, causal) -> torch.Tensor:
     _flag(fn, causal)
-    t = _int(fn, "t", t, 1)
+    t = check_int("t", t, fn=fn, minimum=1)
     pos = torch.arange(t, device=device)
     return pos[:, None] - pos[None, :]  # (t, t)  d_ij = i - j
 
@@ -247,7 +234,7 @@ def sliding_window_mask(t, window, *, causal=False, device=None) -> torch.Tensor
     Args: t: sequence length >= 1; window: w >= 0 (w = 0: each query sees only itself).
     Returns: bool (t, t).
     """
-    w = _int("sliding_window_mask", "window", window, 0)
+    w = check_int("window", window, fn="sliding_window_mask", minimum=0)
     d = _offsets("sliding_window_mask", t, device, causal)
     return (d >= 0) & (d <= w) if causal else d.abs() <= w
 
@@ -263,7 +250,7 @@ def strided_mask(t, stride, *, causal=True, device=None) -> torch.Tensor:
     Args: t: sequence length >= 1; stride: l >= 1 (l ~ sqrt(t) gives O(t sqrt(t)) entries).
     Returns: bool (t, t).
     """
-    l = _int("strided_mask", "stride", stride, 1)
+    l = check_int("stride", stride, fn="strided_mask", minimum=1)
     d = _offsets("strided_mask", t, device, causal)
     a = d.abs()
     allowed = (a <= l) | (a % l == 0)
@@ -279,8 +266,8 @@ def fixed_mask(t, block, *, summary=1, causal=True, device=None) -> torch.Tensor
 
     Args: t: length >= 1; block: l >= 1; summary: c with 1 <= c <= l.  Returns: bool (t, t).
     """
-    l = _int("fixed_mask", "block", block, 1)
-    c = _int("fixed_mask", "summary", summary, 1)
+    l = check_int("block", block, fn="fixed_mask", minimum=1)
+    c = check_int("summary", summary, fn="fixed_mask", minimum=1)
     if c > l:
         raise ValueError(f"fixed_mask: `summary` must be <= block = {l}, got {c}")
     d = _offsets("fixed_mask", t, device, causal)
@@ -300,7 +287,7 @@ def global_token_mask(t, global_tokens, *, base=None, device=None) -> torch.Tens
     Returns: bool (t, t).
     """
     fn = "global_token_mask"
-    t = _int(fn, "t", t, 1)
+    t = check_int("t", t, fn=fn, minimum=1)
     if base is not None:
         _bool_mask(fn, "base", base, ndim=2)
         if base.shape[0] != t:
@@ -312,7 +299,7 @@ def global_token_mask(t, global_tokens, *, base=None, device=None) -> torch.Tens
                             f"{tuple(global_tokens.shape)}")
         global_tokens = global_tokens.tolist()
     try:
-        tokens = [_int(fn, "global_tokens[*]", g, 0) for g in global_tokens]
+        tokens = [check_int("global_tokens[*]", g, fn=fn, minimum=0) for g in global_tokens]
     except TypeError as err:
         raise TypeError(f"{fn}: `global_tokens` must be a sequence of ints ({err})") from None
     if any(g >= t for g in tokens):
@@ -336,8 +323,8 @@ def sliding_window_nnz(t, window, *, causal=False) -> int:
     (a band of width 2w'+1 minus the two triangles cut off at the corners; w' = t - 1 gives t^2).
     """
     _flag("sliding_window_nnz", causal)
-    t = _int("sliding_window_nnz", "t", t, 1)
-    w = min(_int("sliding_window_nnz", "window", window, 0), t - 1)
+    t = check_int("t", t, fn="sliding_window_nnz", minimum=1)
+    w = min(check_int("window", window, fn="sliding_window_nnz", minimum=0), t - 1)
     return t * (w + 1) - w * (w + 1) // 2 if causal else t * (2 * w + 1) - w * (w + 1)
 
 
@@ -349,8 +336,8 @@ def strided_nnz(t, stride, *, causal=True) -> int:
     (M - 1) t - l (M(M + 1)/2 - 1). Non-causal: each d > 0 counts twice, 2 nnz_causal - t.
     """
     _flag("strided_nnz", causal)
-    t = _int("strided_nnz", "t", t, 1)
-    l = _int("strided_nnz", "stride", stride, 1)
+    t = check_int("t", t, fn="strided_nnz", minimum=1)
+    l = check_int("stride", stride, fn="strided_nnz", minimum=1)
     w, m = min(l, t - 1), (t - 1) // l
     nnz = t * (w + 1) - w * (w + 1) // 2
     if m >= 2:
@@ -368,7 +355,7 @@ def receptive_field(mask, layers) -> torch.Tensor:
     Returns: bool (T, T).
     """
     _bool_mask("receptive_field", "mask", mask, ndim=2)
-    layers = _int("receptive_field", "layers", layers, 0)
+    layers = check_int("layers", layers, fn="receptive_field", minimum=0)
     eye = torch.eye(mask.shape[0], dtype=torch.bool, device=mask.device)
     step = (mask | eye).float()
     reach = eye
