@@ -13,7 +13,6 @@ with a feature map that can go negative, e.g. the identity); a query with no all
 """
 from __future__ import annotations
 
-
 import torch
 
 from ._checks import check_attention_args, check_int, check_tensor
