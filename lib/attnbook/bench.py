@@ -162,7 +162,9 @@ class _Unsupported(Exception):
 
 def _is_oom(exc) -> bool:
     text = str(exc).lower()
-    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in text or "can't allocate" in text
+    # torch.OutOfMemoryError is new in torch 2.5; torch.cuda.OutOfMemoryError is the older name.
+    oom = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+    return isinstance(exc, (oom, MemoryError)) or "out of memory" in text or "can't allocate" in text
 
 
 def _time_and_cuda_memory(fn, cfg, b, h, t, d, causal):
