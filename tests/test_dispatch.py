@@ -209,3 +209,19 @@ def test_sdpa_backend_survives_a_kernel_that_returns_nan_on_empty_rows(monkeypat
     for a, r in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(expected, (q, k, v), g)):
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a, r, **F64)
+
+
+def test_auto_decision_on_cuda(monkeypatch):
+    """"auto" on CUDA: Triton when it can serve, the tiled kernel (never a failure) when it cannot."""
+    from attnbook import dispatch
+
+    class CudaLike:  # stands in for a CUDA tensor: this machine has no GPU
+        is_cuda = True
+
+    q = CudaLike()
+    monkeypatch.setattr(dispatch, "check_attention_args", lambda *a, **k: 1.0)  # validated elsewhere
+    monkeypatch.setattr(dispatch, "triton_status", lambda *a, **k: (True, ""))
+    assert dispatch.choose_backend(q, q, q) == "triton"
+    for why in ("triton is not installed", "bfloat16 needs compute capability >= 8.0 (found 7.5)"):
+        monkeypatch.setattr(dispatch, "triton_status", lambda *a, _w=why, **k: (False, _w))
+        assert dispatch.choose_backend(q, q, q) == "tiled"
