@@ -58,10 +58,24 @@ def ensure_env() -> None:
     STAMP.write_text(digest)
 
 
+def library_fingerprint() -> str:
+    """A hash of the library's source: chapter outputs (show_source, asserts) depend on it."""
+    h = hashlib.sha256()
+    for path in sorted((ROOT / "lib" / "attnbook").rglob("*.py")):
+        h.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
 def build_book(strict: bool = True) -> None:
     say("building the HTML book (notebooks executed, warnings are errors)")
     run([PY, "tools/book_assets.py"])
     cmd = [BIN / "jupyter-book", "build", ".", "--keep-going"]
+    # jupyter-cache keys a notebook on its own code cells only, so a library change would leave
+    # stale outputs (shown source, printed numbers). When lib/ changed, re-execute everything.
+    stamp, fingerprint = ROOT / "_build" / ".library-fingerprint", library_fingerprint()
+    if not stamp.exists() or stamp.read_text() != fingerprint:
+        shutil.rmtree(ROOT / "_build" / ".jupyter_cache", ignore_errors=True)
+        cmd.append("--all")
     if strict:
         cmd += ["-W", "-n"]
     # ATTNBOOK_STATIC=1: widgets render as static small-multiples figures (no kernel in HTML).
@@ -69,6 +83,7 @@ def build_book(strict: bool = True) -> None:
     index = ROOT / "_build" / "html" / "index.html"
     if not index.exists():
         sys.exit("the build finished but _build/html/index.html is missing")
+    stamp.write_text(fingerprint)
     print(f"\nThe book is at: {index}")
 
 
