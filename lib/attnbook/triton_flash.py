@@ -42,6 +42,13 @@ _INTERPRETER_BLOCKS = (16, 16)  # (BLOCK_Q, BLOCK_K) under TRITON_INTERPRET=1: s
 if triton is not None:
 
     @triton.jit
+    def _load_tile(ptr, offs_r, offs_c, R, C, stride_r, stride_c):
+        # A (len(offs_r), len(offs_c)) tile, zero outside rows < R and columns < C (the tail tile
+        # and the head-dim padding). A transposed tile is the same load with rows and columns swapped.
+        return tl.load(ptr + offs_r[:, None] * stride_r + offs_c[None, :] * stride_c,
+                       mask=(offs_r[:, None] < R) & (offs_c[None, :] < C), other=0.0)
+
+    @triton.jit
     def _visible(q_idx, k_idx, Tq, Tk, km_ptr, stride_mk, HAS_MASK: tl.constexpr, MASK_CAUSAL: tl.constexpr):
         # May query q_idx attend key k_idx? Both come pre-shaped for broadcasting ([:, None], [None, :]).
         ok = (q_idx < Tq) & (k_idx < Tk)
@@ -60,8 +67,7 @@ if triton is not None:
         offs_dv = tl.arange(0, BLOCK_DV)
         for start_k in range(lo, hi, BLOCK_K):
             offs_k = start_k + tl.arange(0, BLOCK_K)
-            kt = tl.load(k_ptr + offs_k[None, :] * stride_kt + offs_d[:, None] * stride_kd,
-                         mask=(offs_k[None, :] < Tk) & (offs_d[:, None] < D), other=0.0)  # (BLOCK_D, BLOCK_K)
+            kt = _load_tile(k_ptr, offs_d, offs_k, D, Tk, stride_kd, stride_kt)  # (BLOCK_D, BLOCK_K)
             s = tl.dot(q, kt, input_precision="ieee") * scale  # S_ij = scale * Q_i K_j^T, fp32
             ok = _visible(offs_q[:, None], offs_k[None, :], Tq, Tk, km_ptr, stride_mk, HAS_MASK, MASK_CAUSAL)
             s = tl.where(ok, s, float("-inf"))  # masking stays in fp32
@@ -72,8 +78,7 @@ if triton is not None:
             alpha = tl.exp(m_i - m_shift)  # rescales what was summed so far
             p = tl.exp(s - m_shift[:, None])  # P_ij = exp(S_ij - m_i')
             l_i = alpha * l_i + tl.sum(p, 1)  # l_i' = alpha * l_i + rowsum(P_ij)
-            v = tl.load(v_ptr + offs_k[:, None] * stride_vt + offs_dv[None, :] * stride_vd,
-                        mask=(offs_k[:, None] < Tk) & (offs_dv[None, :] < Dv), other=0.0)  # (BLOCK_K, BLOCK_DV)
+            v = _load_tile(v_ptr, offs_k, offs_dv, Tk, Dv, stride_vt, stride_vd)  # (BLOCK_K, BLOCK_DV)
             acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")  # acc' = alpha*acc + P V
             m_i = m_new
         return acc, l_i, m_i
@@ -91,8 +96,8 @@ if triton is not None:
         offs_q = start_q + tl.arange(0, BLOCK_Q)
         offs_d = tl.arange(0, BLOCK_D)
         offs_dv = tl.arange(0, BLOCK_DV)
-        q = tl.load(Q + b * stride_qb + h * stride_qh + offs_q[:, None] * stride_qt + offs_d[None, :] * stride_qd,
-                    mask=(offs_q[:, None] < Tq) & (offs_d[None, :] < D), other=0.0)  # (BLOCK_Q, BLOCK_D)
+        q = _load_tile(Q + b * stride_qb + h * stride_qh, offs_q, offs_d, Tq, D,
+                       stride_qt, stride_qd)  # (BLOCK_Q, BLOCK_D)
         k_ptr = K + b * stride_kb + h * stride_kh
         v_ptr = V + b * stride_vb + h * stride_vh
         km_ptr = KM + b * stride_mb + h * stride_mh
@@ -134,11 +139,9 @@ if triton is not None:
         b = tl.program_id(1).to(tl.int64)
         h = tl.program_id(2).to(tl.int64)
         offs_dv = tl.arange(0, BLOCK_DV)
-        inside = (offs_q[:, None] < Tq) & (offs_dv[None, :] < Dv)
-        o = tl.load(O + b * stride_ob + h * stride_oh + offs_q[:, None] * stride_ot + offs_dv[None, :] * stride_od,
-                    mask=inside, other=0.0).to(tl.float32)
-        do = tl.load(DO + b * stride_gb + h * stride_gh + offs_q[:, None] * stride_gt + offs_dv[None, :] * stride_gd,
-                     mask=inside, other=0.0).to(tl.float32)
+        o = _load_tile(O + b * stride_ob + h * stride_oh, offs_q, offs_dv, Tq, Dv, stride_ot, stride_od).to(tl.float32)
+        do = _load_tile(DO + b * stride_gb + h * stride_gh, offs_q, offs_dv, Tq, Dv, stride_gt,
+                        stride_gd).to(tl.float32)
         rows = (b * H + h) * Tq + offs_q
         dlse = tl.load(DLSE + rows, mask=offs_q < Tq, other=0.0)
         # Delta_i = rowsum(dO_i * O_i) - dlse_i: the gradient reaching lse directly enters here.
@@ -154,10 +157,8 @@ if triton is not None:
         offs_dv = tl.arange(0, BLOCK_DV)
         for start_q in range(lo, hi, BLOCK_Q):
             offs_q = start_q + tl.arange(0, BLOCK_Q)
-            qt = tl.load(q_ptr + offs_q[None, :] * stride_qt + offs_d[:, None] * stride_qd,
-                         mask=(offs_q[None, :] < Tq) & (offs_d[:, None] < D), other=0.0)  # (BLOCK_D, BLOCK_Q)
-            do = tl.load(do_ptr + offs_q[:, None] * stride_gt + offs_dv[None, :] * stride_gd,
-                         mask=(offs_q[:, None] < Tq) & (offs_dv[None, :] < Dv), other=0.0)  # (BLOCK_Q, BLOCK_DV)
+            qt = _load_tile(q_ptr, offs_d, offs_q, D, Tq, stride_qd, stride_qt)  # (BLOCK_D, BLOCK_Q)
+            do = _load_tile(do_ptr, offs_q, offs_dv, Tq, Dv, stride_gt, stride_gd)  # (BLOCK_Q, BLOCK_DV)
             m = tl.load(m_ptr + offs_q, mask=offs_q < Tq, other=0.0)
             log_l = tl.load(logl_ptr + offs_q, mask=offs_q < Tq, other=0.0)
             delta = tl.load(delta_ptr + offs_q, mask=offs_q < Tq, other=0.0)
@@ -186,10 +187,10 @@ if triton is not None:
         offs_dv = tl.arange(0, BLOCK_DV)
         k_in = (offs_k[:, None] < Tk) & (offs_d[None, :] < D)
         v_in = (offs_k[:, None] < Tk) & (offs_dv[None, :] < Dv)
-        k = tl.load(K + b * stride_kb + h * stride_kh + offs_k[:, None] * stride_kt + offs_d[None, :] * stride_kd,
-                    mask=k_in, other=0.0)  # (BLOCK_K, BLOCK_D)
-        v = tl.load(V + b * stride_vb + h * stride_vh + offs_k[:, None] * stride_vt + offs_dv[None, :] * stride_vd,
-                    mask=v_in, other=0.0)  # (BLOCK_K, BLOCK_DV)
+        k = _load_tile(K + b * stride_kb + h * stride_kh, offs_k, offs_d, Tk, D,
+                       stride_kt, stride_kd)  # (BLOCK_K, BLOCK_D)
+        v = _load_tile(V + b * stride_vb + h * stride_vh, offs_k, offs_dv, Tk, Dv,
+                       stride_vt, stride_vd)  # (BLOCK_K, BLOCK_DV)
         q_ptr = Q + b * stride_qb + h * stride_qh
         do_ptr = DO + b * stride_gb + h * stride_gh
         km_ptr = KM + b * stride_mb + h * stride_mh
@@ -228,10 +229,8 @@ if triton is not None:
         offs_dv = tl.arange(0, BLOCK_DV)
         for start_k in range(lo, hi, BLOCK_K):
             offs_k = start_k + tl.arange(0, BLOCK_K)
-            kt = tl.load(k_ptr + offs_k[None, :] * stride_kt + offs_d[:, None] * stride_kd,
-                         mask=(offs_k[None, :] < Tk) & (offs_d[:, None] < D), other=0.0)  # (BLOCK_D, BLOCK_K)
-            vt = tl.load(v_ptr + offs_k[None, :] * stride_vt + offs_dv[:, None] * stride_vd,
-                         mask=(offs_k[None, :] < Tk) & (offs_dv[:, None] < Dv), other=0.0)  # (BLOCK_DV, BLOCK_K)
+            kt = _load_tile(k_ptr, offs_d, offs_k, D, Tk, stride_kd, stride_kt)  # (BLOCK_D, BLOCK_K)
+            vt = _load_tile(v_ptr, offs_dv, offs_k, Dv, Tk, stride_vd, stride_vt)  # (BLOCK_DV, BLOCK_K)
             ok = _visible(offs_q[:, None], offs_k[None, :], Tq, Tk, km_ptr, stride_mk, HAS_MASK, MASK_CAUSAL)
             s = tl.dot(q, kt, input_precision="ieee") * scale  # S, (BLOCK_Q, BLOCK_K)
             p = tl.exp(tl.where(ok, (s - m[:, None]) - log_l[:, None], float("-inf")))  # P = exp((S - m) - log l)
@@ -254,10 +253,10 @@ if triton is not None:
         offs_d = tl.arange(0, BLOCK_D)
         offs_dv = tl.arange(0, BLOCK_DV)
         q_in = (offs_q[:, None] < Tq) & (offs_d[None, :] < D)
-        q = tl.load(Q + b * stride_qb + h * stride_qh + offs_q[:, None] * stride_qt + offs_d[None, :] * stride_qd,
-                    mask=q_in, other=0.0)  # (BLOCK_Q, BLOCK_D)
-        do = tl.load(DO + b * stride_gb + h * stride_gh + offs_q[:, None] * stride_gt + offs_dv[None, :] * stride_gd,
-                     mask=(offs_q[:, None] < Tq) & (offs_dv[None, :] < Dv), other=0.0)  # (BLOCK_Q, BLOCK_DV)
+        q = _load_tile(Q + b * stride_qb + h * stride_qh, offs_q, offs_d, Tq, D,
+                       stride_qt, stride_qd)  # (BLOCK_Q, BLOCK_D)
+        do = _load_tile(DO + b * stride_gb + h * stride_gh, offs_q, offs_dv, Tq, Dv,
+                        stride_gt, stride_gd)  # (BLOCK_Q, BLOCK_DV)
         rows = bh * Tq + offs_q
         m = tl.load(M + rows, mask=offs_q < Tq, other=0.0)
         log_l = tl.load(LOGL + rows, mask=offs_q < Tq, other=0.0)
