@@ -94,10 +94,14 @@ def setup_cell_source(*, config_path: str | Path = CONFIG) -> str:
     """Source of every chapter's first code cell: install attnbook on Colab, do nothing elsewhere."""
     return (
         "# On Google Colab, install the book's companion library; elsewhere this cell does nothing.\n"
+        "# The import right after the install makes a failed install stop here, loudly, instead of\n"
+        "# letting later cells fail one by one. pip's note that you 'may need to restart' does not\n"
+        "# apply: attnbook is new to this runtime, and torch/numpy are kept as Colab ships them.\n"
         "import sys\n"
         "\n"
         f'if "{SETUP_MARKER}" in sys.modules:\n'
-        f'    %pip install -q "{install_requirement(config_path=config_path)}"'
+        f'    %pip install -q "{install_requirement(config_path=config_path)}"\n'
+        "    import attnbook  # noqa: F401  (fails here if the install failed)"
     )
 
 
