@@ -1,0 +1,224 @@
+"""Positional encodings: sinusoidal, its rotation matrices, RoPE and ALiBi (chapter 06).
+
+Self-attention without positions is permutation *equivariant*; these are the three ways the book
+gives it a sense of order:
+
+- ``sinusoidal_encoding``: Vaswani et al.'s table ``PE`` added to the token embeddings, laid
+  out interleaved (even dims sin, odd dims cos); ``rotation_matrix(k)`` is the block-diagonal
+  ``M_k`` with ``PE[p + k] = PE[p] @ M_k`` (row-vector convention);
+- ``apply_rope``: RoFormer's rotary embedding, applied to queries and keys (never values), in
+  RoFormer's adjacent-pair layout or GPT-NeoX / LLaMA's half-split layout;
+- ``alibi_slopes`` / ``alibi_bias``: Press et al.'s linear biases, an additive float mask for
+  :func:`attnbook.attention`.
+
+All three share the frequency ladder ``omega_i = base ** (-2 i / d)``, ``i = 0 .. d/2 - 1``.
+Angles ``p * omega_i`` are computed in float64 and only the final sin / cos are cast to the
+requested dtype: in float32 the product ``p * omega_i`` itself is rounded by up to ``p * 2**-24``
+(about 1e-4 rad at p = 2048), which is the error a float32 implementation sees otherwise.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._checks import check_bool, check_choice, check_float, check_int, check_tensor
+
+__all__ = [
+    "alibi_bias",
+    "alibi_slopes",
+    "apply_rope",
+    "frequencies",
+    "half_split_permutation",
+    "rotation_matrix",
+    "sinusoidal_encoding",
+]
+
+PAIRINGS = ("interleaved", "half")
+
+
+def _check_d(d_model, fn: str) -> int:
+    d_model = check_int("d_model", d_model, fn=fn, minimum=2)
+    if d_model % 2:
+        raise ValueError(f"{fn}: `d_model` must be even (dims come in (sin, cos) pairs), got {d_model}")
+    return d_model
+
+
+def _check_dtype(dtype, fn: str) -> torch.dtype:
+    dtype = torch.get_default_dtype() if dtype is None else dtype
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"{fn}: `dtype` must be a floating torch.dtype, got {dtype!r}")
+    return dtype
+
+
+def frequencies(d_model: int, *, base: float = 10000.0, device=None) -> torch.Tensor:
+    """The frequency ladder (chapter 06, eq. 6.1): ``omega_i = base ** (-2 i / d_model)``.
+
+    Args: d_model (even), base (> 0; 10000 in Vaswani et al. and RoFormer).
+    Returns a float64 tensor ``(d_model / 2,)``, from ``omega_0 = 1`` down to ``base ** (-(d-2)/d)``.
+    """
+    d_model = _check_d(d_model, "frequencies")
+    base = check_float("base", base, fn="frequencies", minimum=0.0, inclusive=False)
+    i = torch.arange(d_model // 2, dtype=torch.float64, device=device)
+    return base ** (-2.0 * i / d_model)  # (d/2,)
+
+
+def sinusoidal_encoding(n_positions: int, d_model: int, *, base: float = 10000.0, dtype=None,
+                        device=None) -> torch.Tensor:
+    """Sinusoidal positional encoding (chapter 06, eq. 6.1; Vaswani et al. 2017, section 3.5).
+
+    ``PE[p, 2i] = sin(p * omega_i)``, ``PE[p, 2i + 1] = cos(p * omega_i)``, interleaved as in
+    the paper (some codebases concatenate ``[sin | cos]`` halves instead: a fixed permutation).
+
+    Args:
+        n_positions: number of positions ``p = 0 .. n_positions - 1`` (>= 1).
+        d_model: width of the encoding (even).
+        base: the ladder's base (> 0).
+        dtype: output dtype (default ``torch.get_default_dtype()``); angles are computed in float64.
+    Returns:
+        ``(n_positions, d_model)``; row p is the (row) vector ``PE(p)``, added to token embeddings.
+    """
+    n_positions = check_int("n_positions", n_positions, fn="sinusoidal_encoding")
+    d_model = _check_d(d_model, "sinusoidal_encoding")
+    base = check_float("base", base, fn="sinusoidal_encoding", minimum=0.0, inclusive=False)
+    dtype = _check_dtype(dtype, "sinusoidal_encoding")
+    omega = frequencies(d_model, base=base, device=device)  # (d/2,)
+    angle = torch.arange(n_positions, dtype=torch.float64, device=device)[:, None] * omega  # (P, d/2)
+    pe = torch.stack([angle.sin(), angle.cos()], dim=-1)  # (P, d/2, 2): (sin, cos) pairs
+    return pe.reshape(n_positions, d_model).to(dtype)  # (P, d): even dims sin, odd dims cos
+
+
+def rotation_matrix(k: float, d_model: int, *, base: float = 10000.0, dtype=None,
+                    device=None) -> torch.Tensor:
+    """The block-diagonal ``M_k`` with ``PE(p + k) = PE(p) M_k`` for every p (chapter 06, eq. 6.2).
+
+    Each 2x2 block acts on the pair ``(sin, cos)`` of frequency ``omega_i``; in the row-vector
+    convention it is ``[[cos k w, -sin k w], [sin k w, cos k w]]``, the transpose of the seed's
+    column form ``[[cos, sin], [-sin, cos]]``. It depends on the offset k only, never on p.
+
+    Args: k: the offset (any finite real, negative allowed); d_model (even); base; dtype.
+    Returns: ``(d_model, d_model)``, orthogonal, ``M_j @ M_k = M_{j + k}``.
+    """
+    k = check_float("k", k, fn="rotation_matrix")
+    d_model = _check_d(d_model, "rotation_matrix")
+    base = check_float("base", base, fn="rotation_matrix", minimum=0.0, inclusive=False)
+    dtype = _check_dtype(dtype, "rotation_matrix")
+    angle = k * frequencies(d_model, base=base, device=device)  # (d/2,)
+    c, s = angle.cos(), angle.sin()
+    blocks = torch.stack([torch.stack([c, -s], -1), torch.stack([s, c], -1)], -2)  # (d/2, 2, 2)
+    return torch.block_diag(*blocks).to(dtype)  # (d, d)
+
+
+def half_split_permutation(d_model: int) -> torch.Tensor:
+    """Indices ``perm`` that take the interleaved layout to the half-split one (chapter 06).
+
+    ``x[..., perm]`` lists the first member of every pair, then the second member:
+    ``[0, 2, 4, ..., 1, 3, 5, ...]``. With it,
+    ``apply_rope(x[..., perm], pairing="half") == apply_rope(x, pairing="interleaved")[..., perm]``.
+    """
+    d_model = _check_d(d_model, "half_split_permutation")
+    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
+def apply_rope(x: torch.Tensor, positions=None, *, base: float = 10000.0,
+               pairing: str = "interleaved") -> torch.Tensor:
+    """Rotary position embedding (chapter 06, eq. 6.6; Su et al., RoFormer, eqs. 14 and 34).
+
+    Rotates each pair of features of the vector at position m by the angle ``m * omega_i``:
+    ``(a, b) -> (a cos - b sin, a sin + b cos)``. Applied to queries and keys after their
+    projection (per head), never to values; then ``<R_m q, R_n k>`` depends on m and n only
+    through ``m - n``.
+
+    Args:
+        x: ``(..., T, D)`` floating, D even (e.g. ``(B, H, T, D)`` queries or keys).
+        positions: the position of each of the T rows, a tensor broadcastable to ``(..., T)``
+            (integers or floats); default ``0 .. T - 1``.
+        base: the ladder's base (10000 in RoFormer; larger in some long-context models).
+        pairing: ``"interleaved"`` rotates ``(x_0, x_1), (x_2, x_3), ...`` (RoFormer);
+            ``"half"`` rotates ``(x_i, x_{i + D/2})`` (GPT-NeoX, LLaMA's ``rotate_half``).
+    Returns:
+        A tensor like ``x``; norms are preserved. Angles are computed in float64, then cast.
+    """
+    check_tensor("x", x, fn="apply_rope", min_ndim=2)
+    base = check_float("base", base, fn="apply_rope", minimum=0.0, inclusive=False)
+    check_choice("pairing", pairing, PAIRINGS, fn="apply_rope")
+    t, d = x.shape[-2], x.shape[-1]
+    if d % 2:
+        raise ValueError(f"apply_rope: the feature dim D of `x` must be even, got shape {tuple(x.shape)}")
+    if positions is None:
+        positions = torch.arange(t, device=x.device)
+    elif not isinstance(positions, torch.Tensor):
+        raise TypeError(f"apply_rope: `positions` must be a tensor or None, got {type(positions).__name__}")
+    elif positions.dtype == torch.bool or positions.is_complex():
+        raise TypeError(f"apply_rope: `positions` must hold real numbers, got dtype {positions.dtype}")
+    elif positions.device != x.device:
+        raise ValueError(f"apply_rope: `positions` is on {positions.device} but x is on {x.device}")
+    try:
+        shape = torch.broadcast_shapes(positions.shape, x.shape[:-1])
+    except RuntimeError:
+        shape = None
+    if shape != x.shape[:-1]:
+        raise ValueError(f"apply_rope: `positions` of shape {tuple(positions.shape)} does not broadcast to "
+                         f"x's (..., T) = {tuple(x.shape[:-1])}")
+    omega = frequencies(d, base=base, device=x.device)  # (D/2,)
+    angle = positions.to(torch.float64)[..., None] * omega  # (..., T, D/2)
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    if pairing == "interleaved":
+        a, b = x[..., 0::2], x[..., 1::2]  # (..., T, D/2) each: pairs (2i, 2i + 1)
+        return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
+    a, b = x[..., : d // 2], x[..., d // 2:]  # pairs (i, i + D/2)
+    return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+
+
+def alibi_slopes(n_heads: int, *, dtype=None, device=None) -> torch.Tensor:
+    """ALiBi's fixed, head-specific slopes (chapter 06, eq. 6.8; Press et al. 2022, section 3).
+
+    For ``h`` a power of two: the geometric sequence with start and ratio ``2 ** (-8 / h)``,
+    e.g. h = 8 gives 1/2, 1/4, ..., 1/256. Otherwise (the authors' reference code): the slopes of
+    the largest power of two ``c < h``, then every other slope of ``2c`` (``2c``'s slopes at
+    0-based indices 0, 2, 4, ...), the first ``h - c`` of them.
+
+    Returns ``(n_heads,)``, all in (0, 1), computed in float64 and cast to ``dtype``.
+    """
+    n_heads = check_int("n_heads", n_heads, fn="alibi_slopes")
+    dtype = _check_dtype(dtype, "alibi_slopes")
+
+    def power_of_two(h: int) -> list[float]:
+        start = 2.0 ** (-(2.0 ** -(math.log2(h) - 3)))  # = 2 ** (-8 / h), as in the reference code
+        return [start * start**i for i in range(h)]  # start, start * ratio, ... with ratio = start
+
+    c = 1 << (n_heads.bit_length() - 1)  # largest power of two <= n_heads
+    slopes = power_of_two(c)
+    if c != n_heads:
+        slopes += power_of_two(2 * c)[0::2][: n_heads - c]
+    return torch.tensor(slopes, dtype=torch.float64, device=device).to(dtype)
+
+
+def alibi_bias(n_heads: int, tq: int, tk: int | None = None, *, symmetric: bool = False, dtype=None,
+               device=None) -> torch.Tensor:
+    """ALiBi as an additive float mask for :func:`attnbook.attention` (chapter 06, eq. 6.8).
+
+    ``bias[h, i, j] = -m_h * (i - j)`` for keys at or before the query (``j <= i``), the
+    *penalty* of Press et al. (distant keys lose score). ALiBi was defined for causal language
+    models, so keys after the query get ``-inf``: the bias already contains the causal mask
+    (top-left aligned when ``tq != tk``, like ``causal_mask``), and passing ``causal=True`` as well
+    changes nothing. ``symmetric=True`` is an *extension* for bidirectional attention, not in the
+    paper: ``-m_h * |i - j|`` for every key, no mask.
+
+    The bias is added after the ``1/sqrt(D)`` scaling (that is where ``attention`` adds masks).
+
+    Args: n_heads, tq, tk (default tq); symmetric; dtype (default the default dtype).
+    Returns: ``(n_heads, tq, tk)``; broadcasts against ``(B, H, Tq, Tk)`` scores.
+    """
+    n_heads = check_int("n_heads", n_heads, fn="alibi_bias")
+    tq = check_int("tq", tq, fn="alibi_bias")
+    tk = tq if tk is None else check_int("tk", tk, fn="alibi_bias")
+    symmetric = check_bool("symmetric", symmetric, fn="alibi_bias")
+    dtype = _check_dtype(dtype, "alibi_bias")
+    i = torch.arange(tq, dtype=torch.float64, device=device)[:, None]
+    j = torch.arange(tk, dtype=torch.float64, device=device)[None, :]
+    m = alibi_slopes(n_heads, dtype=torch.float64, device=device)[:, None, None]  # (H, 1, 1)
+    if symmetric:
+        return (-m * (i - j).abs()).to(dtype)  # (H, Tq, Tk)
+    bias = (-m * (i - j)).masked_fill(j > i, -math.inf)  # (H, Tq, Tk): future keys blocked
+    return bias.to(dtype)
