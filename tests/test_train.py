@@ -1,0 +1,223 @@
+"""Tests for attnbook.train: fit (budget, seed, progress rule, validation), evaluate, token_cross_entropy."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnbook import train
+from attnbook.data import BOS_ID, EOS_ID, PAD_ID, reversal_task
+from attnbook.train import Accuracy, History, evaluate, fit, progress_mode, token_cross_entropy
+
+
+def regression(seed=0, n=64):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 3, generator=g)
+    y = x @ torch.tensor([1.0, -2.0, 0.5]) + 0.3
+    return x, y
+
+
+def mse(model, batch):
+    x, y = batch
+    return F.mse_loss(model(x).squeeze(-1), y)
+
+
+def linear(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Linear(3, 1)
+
+
+def test_fit_reduces_loss_linear_regression_and_counts_steps():
+    model, batch = linear(), regression()
+    h = fit(model, [batch], loss_fn=mse, steps=150, lr=0.05, seed=0, progress=False)
+    assert isinstance(h, History) and h.steps == len(h.losses) == 150 and h.stopped_by == "steps"
+    assert h.final_loss() < 1e-3 * h.initial_loss()
+    assert h.seconds > 0 and h.steps_per_second == pytest.approx(150 / h.seconds)
+    assert "150 steps" in h.summary()
+
+
+def test_fit_classification_and_sgd_and_clip():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(128, 2, generator=g)
+    y = (x[:, 0] + x[:, 1] > 0).long()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 2)
+    h = fit(model, lambda: (x, y), loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]),
+            steps=100, lr=0.5, seed=0, optimizer="sgd", clip=1.0, progress=False)
+    assert h.final_loss() < 0.5 * h.initial_loss()
+    assert (model(x).argmax(-1) == y).float().mean() > 0.9
+    assert len(h.grad_norms) == 100 and all(n >= 0 for n in h.grad_norms)
+
+
+def test_fit_deterministic_from_seed():
+    def run():
+        model = linear(3)
+        drop = torch.nn.Dropout(0.3)  # uses torch's global generator, which fit seeds
+        return fit(model, [regression()], loss_fn=lambda m, b: mse(lambda t: drop(m(t)), b),
+                   steps=20, lr=0.01, seed=5, progress=False).losses
+    assert run() == run()
+
+
+def test_fit_respects_seconds_and_iterator_end():
+    slow = lambda m, b: (time.sleep(0.01), mse(m, b))[1]  # noqa: E731
+    t0 = time.perf_counter()
+    h = fit(linear(), [regression()], loss_fn=slow, seconds=0.15, lr=0.01, seed=0, progress=False)
+    assert h.stopped_by == "seconds" and 1 <= h.steps <= 16 and time.perf_counter() - t0 < 1.0
+    h = fit(linear(), [regression()], loss_fn=slow, steps=3, seconds=60, lr=0.01, seed=0, progress=False)
+    assert h.stopped_by == "steps" and h.steps == 3
+    h = fit(linear(), iter([regression()] * 4), loss_fn=mse, steps=10, lr=0.01, seed=0, progress=False)
+    assert h.stopped_by == "data" and h.steps == 4
+    h = fit(linear(), [regression(0), regression(1)], loss_fn=mse, steps=5, lr=0.01, seed=0, progress=False)
+    assert h.steps == 5  # a list is cycled
+
+
+def test_fit_task_batches_and_warmup():
+    task = reversal_task(min_len=2, max_len=4)
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(len(task.src_vocab), len(task.tgt_vocab))
+    seen = []
+
+    def loss(m, b):
+        seen.append(b.pairs)
+        return F.cross_entropy(m(b.src).reshape(-1, len(task.tgt_vocab)), b.src.reshape(-1))
+    h = fit(emb, task.batches(8, seed=0), loss_fn=loss, steps=4, lr=0.1, seed=0, warmup=10, progress=False)
+    assert h.steps == 4 and seen == [b.pairs for b in task.batches(8, seed=0, n_batches=4)]
+
+
+def test_fit_stops_on_nonfinite_loss():
+    h = fit(linear(), [regression()], loss_fn=lambda m, b: mse(m, b) * float("nan"), steps=5, lr=0.1,
+            seed=0, progress=False)
+    assert h.stopped_by == "nonfinite" and h.steps == 1
+
+
+def test_fit_restores_training_mode():
+    model = linear().eval()
+    fit(model, [regression()], loss_fn=mse, steps=1, lr=0.1, seed=0, progress=False)
+    assert not model.training
+
+
+@pytest.mark.parametrize("kwargs, exc, name", [
+    (dict(steps=None, seconds=None), ValueError, "`steps` or `seconds`"),
+    (dict(steps=0), ValueError, "`steps`"),
+    (dict(steps=2.5), TypeError, "`steps`"),
+    (dict(seconds=0), ValueError, "`seconds`"),
+    (dict(seconds="1"), TypeError, "`seconds`"),
+    (dict(lr=0.0), ValueError, "`lr`"),
+    (dict(lr=None), TypeError, "`lr`"),
+    (dict(seed=-1), ValueError, "`seed`"),
+    (dict(progress=1), TypeError, "`progress`"),
+    (dict(optimizer="lbfgs"), ValueError, "`optimizer`"),
+    (dict(clip=-1.0), ValueError, "`clip`"),
+    (dict(warmup=-1), ValueError, "`warmup`"),
+    (dict(log_every=0), ValueError, "`log_every`"),
+    (dict(model="net"), TypeError, "`model`"),
+    (dict(loss_fn=None), TypeError, "`loss_fn`"),
+    (dict(batches=3), TypeError, "`batches`"),
+    (dict(batches=[]), ValueError, "`batches`"),
+    (dict(loss_fn=lambda m, b: 1.0), TypeError, "`loss_fn`"),
+    (dict(model=torch.nn.ReLU()), ValueError, "`model`"),
+])
+def test_fit_bad_arguments(kwargs, exc, name):
+    args = dict(model=linear(), batches=[regression()], loss_fn=mse, steps=2, lr=0.1, seed=0,
+                progress=False)
+    args.update(kwargs)
+    model, batches = args.pop("model"), args.pop("batches")
+    with pytest.raises(exc, match=name):
+        fit(model, batches, **args)
+
+
+# ---------------------------------------------------------------------------------------------- progress
+def test_progress_rule(monkeypatch):
+    monkeypatch.delenv("ATTNBOOK_STATIC", raising=False)
+    monkeypatch.delenv("PYTEST_CURRENT_TEST", raising=False)
+    assert progress_mode(False) == "off"
+    monkeypatch.setattr(train, "_in_kernel", lambda: False)
+    monkeypatch.setattr("sys.stdout.isatty", lambda: False, raising=False)
+    assert progress_mode(True) == "line"      # a pipe or a log file
+    monkeypatch.setattr(train, "_in_kernel", lambda: True)
+    assert progress_mode(True) == "bar"       # Jupyter / Colab
+    monkeypatch.setenv("ATTNBOOK_STATIC", "0")
+    assert progress_mode(True) == "bar"
+    monkeypatch.setenv("ATTNBOOK_STATIC", "1")  # the book build
+    assert progress_mode(True) == "line"
+    monkeypatch.delenv("ATTNBOOK_STATIC")
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "x")  # nbval kernels inherit it
+    assert progress_mode(True) == "line"
+
+
+def test_progress_output_quiet_when_static(monkeypatch, capsys):
+    monkeypatch.setenv("ATTNBOOK_STATIC", "1")
+    fit(linear(), [regression()], loss_fn=mse, steps=30, lr=0.1, seed=0)
+    out, err = capsys.readouterr()
+    assert out.count("\n") == 1 and out.startswith("fit: 30 steps") and "steps/s" in out and err == ""
+    fit(linear(), [regression()], loss_fn=mse, steps=30, lr=0.1, seed=0, progress=False)
+    assert capsys.readouterr() == ("", "")
+
+
+def test_progress_bar_when_interactive(monkeypatch, capsys):
+    monkeypatch.delenv("ATTNBOOK_STATIC", raising=False)
+    monkeypatch.delenv("PYTEST_CURRENT_TEST", raising=False)
+    monkeypatch.setattr(train, "_in_kernel", lambda: True)
+    monkeypatch.setattr("tqdm.auto.tqdm", __import__("tqdm").tqdm)  # the text bar, not a widget
+    fit(linear(), [regression()], loss_fn=mse, steps=30, lr=0.1, seed=0)
+    out, err = capsys.readouterr()
+    assert out == "" and "30/30" in err
+
+
+# ---------------------------------------------------------------------------------------------- evaluate
+def test_evaluate_lists_trimming_and_counts():
+    pred = [[5, 6, 7, EOS_ID, 9], [5, 6], [BOS_ID, 5, 8, EOS_ID], [5, 6, 7, 7]]
+    tgt = [[5, 6, 7, EOS_ID, PAD_ID], [5, 6, 7], [5, 6, EOS_ID], [5, 6, 7, EOS_ID]]
+    acc = evaluate(pred, tgt)
+    assert isinstance(acc, Accuracy) and acc.correct == [True, False, False, False]
+    assert acc.exact_match == 0.25 and acc.n_sequences == 4 and acc.n_tokens == 3 + 3 + 2 + 3
+    assert acc.token_accuracy == pytest.approx((3 + 2 + 1 + 3) / 11)
+    assert "exact match 0.250" in str(acc)
+
+
+def test_evaluate_logits_teacher_forced():
+    task = reversal_task()
+    b = task.batch(6, seed=0)
+    v = len(task.tgt_vocab)
+    perfect = F.one_hot(b.tgt_out, v).double() * 10  # (B, T, V): argmax == tgt_out
+    assert evaluate(perfect, b.tgt_out).exact_match == 1.0
+    wrong = b.tgt_out.clone()
+    wrong[0, 0] = (wrong[0, 0] + 1 - 4) % 10 + 4  # another digit id
+    wrong[wrong == PAD_ID] = 7  # garbage after EOS is ignored
+    acc = evaluate(wrong, b.tgt_out)
+    assert acc.correct == [False] + [True] * 5
+    no_eos = b.tgt_out.clone()
+    no_eos[no_eos == EOS_ID] = 5  # missing EOS: too long, so not an exact match
+    assert evaluate(no_eos, b.tgt_out).exact_match == 0.0
+    assert evaluate(no_eos, b.tgt_out).token_accuracy == 1.0
+
+
+def test_evaluate_raw_ids_and_bad_arguments():
+    acc = evaluate(torch.tensor([[0], [1], [2]]), [[0], [1], [1]], pad_id=None, bos_id=None, eos_id=None)
+    assert acc.exact_match == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="as many"):
+        evaluate([[1]], [[1], [2]])
+    with pytest.raises(TypeError, match="`pred`"):
+        evaluate("12", [[1]])
+    with pytest.raises(ValueError, match="`pred`"):
+        evaluate(torch.zeros(2, 3), [[1], [2]])
+    with pytest.raises(ValueError, match="`target"):
+        evaluate([[1]], [[-1]])
+    with pytest.raises(TypeError, match="`eos_id`"):
+        evaluate([[1]], [[1]], eos_id="2")
+
+
+def test_token_cross_entropy_ignores_pad_and_equals_mean_nll():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 4, 6, generator=g, dtype=torch.float64)
+    target = torch.tensor([[4, 5, EOS_ID, PAD_ID], [3, EOS_ID, PAD_ID, PAD_ID]])
+    logp = logits.log_softmax(-1).gather(-1, target[..., None])[..., 0]
+    real = target != PAD_ID
+    expected = -(logp * real).sum() / real.sum()
+    assert torch.allclose(token_cross_entropy(logits, target), expected, rtol=1e-12, atol=0)
+    with pytest.raises(ValueError, match="disagree"):
+        token_cross_entropy(logits, target[:, :3])
+    with pytest.raises(TypeError, match="`target`"):
+        token_cross_entropy(logits, target.double())
