@@ -1,0 +1,427 @@
+"""The other parts of a Transformer layer: LayerNorm, the position-wise FFN, residual blocks
+in Pre-LN and Post-LN form, and an encoder layer built from them (chapters 07 and 08).
+
+Every piece is written from its formula, so the book can show it, and is tested equal to its
+PyTorch counterpart: ``LayerNorm`` to ``nn.LayerNorm``; ``EncoderLayer.from_torch`` loads an
+``nn.TransformerEncoderLayer`` and gives the same outputs in both norm orders.
+
+Conventions: inputs are ``(..., T, d_model)`` (an encoder layer takes ``(B, T, d_model)``,
+batch first); row vectors, ``y = x W + b`` with ``nn.Linear.weight = W.T``; boolean attention
+masks use True = may attend (``attnbook.padding_mask`` / ``causal_mask``).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ._checks import check_bool, check_choice, check_float, check_int, check_tensor
+from .multihead import MultiHeadAttention
+
+__all__ = [
+    "ACTIVATIONS",
+    "EncoderLayer",
+    "FeedForward",
+    "LayerNorm",
+    "ResidualBlock",
+    "count_parameters",
+    "layer_norm",
+    "swiglu_hidden_size",
+]
+
+ACTIVATIONS = ("relu", "gelu", "swiglu")
+
+
+# ---------------------------------------------------------------------------------------------
+# LayerNorm (chapter 08)
+# ---------------------------------------------------------------------------------------------
+
+def layer_norm(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5) -> torch.Tensor:
+    """Layer normalization over the last dim (chapter 08, eq. eq-ch08-layernorm).
+
+    y = (x - mean(x)) / sqrt(var(x) + eps) * weight + bias, where mean and var are taken over
+    the last dim and var is the *biased* variance (divide by d, not d - 1), with eps inside the
+    square root: the definition ``torch.nn.LayerNorm`` uses.
+
+    Args:
+        x: floating tensor ``(..., d)``.
+        weight, bias: ``(d,)`` gain gamma and shift beta, or None (no gain / no shift).
+        eps: added to the variance, >= 0.
+    Returns:
+        tensor of the shape and dtype of ``x``.
+    """
+    fn = "layer_norm"
+    check_tensor("x", x, fn=fn)
+    eps = check_float("eps", eps, fn=fn, minimum=0.0)
+    d = x.shape[-1]
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None:
+            check_tensor(name, p, fn=fn)
+            if tuple(p.shape) != (d,):
+                raise ValueError(f"{fn}: `{name}` must have shape ({d},) to match x's last dim, "
+                                 f"got {tuple(p.shape)}")
+    mean = x.mean(-1, keepdim=True)                      # mu = (1/d) sum_i x_i
+    centered = x - mean
+    var = centered.pow(2).mean(-1, keepdim=True)         # biased: (1/d) sum_i (x_i - mu)^2
+    y = centered / torch.sqrt(var + eps)                 # eps inside the square root
+    if weight is not None:
+        y = y * weight                                   # gamma: one gain per feature
+    if bias is not None:
+        y = y + bias                                     # beta: one shift per feature
+    return y
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm written from its formula (chapter 08, eq. eq-ch08-layernorm); equals ``nn.LayerNorm``.
+
+    Normalizes each row (one token's d features) with its own mean and biased variance; no
+    statistics are shared across the batch or kept between calls, so training and evaluation
+    compute the same function.
+
+    Args:
+        d: number of features (the last dim of the input).
+        eps: added to the variance inside the square root (default 1e-5, as PyTorch).
+        elementwise_affine: learn a gain gamma (init 1) and, with ``bias``, a shift beta (init 0).
+        bias: learn beta (only with ``elementwise_affine``).
+    """
+
+    def __init__(self, d: int, eps: float = 1e-5, *, elementwise_affine: bool = True, bias: bool = True,
+                 device=None, dtype=None):
+        super().__init__()
+        fn = "LayerNorm"
+        self.d = check_int("d", d, fn=fn)
+        self.eps = check_float("eps", eps, fn=fn, minimum=0.0)
+        affine = check_bool("elementwise_affine", elementwise_affine, fn=fn)
+        bias = check_bool("bias", bias, fn=fn)
+        factory = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.ones(self.d, **factory)) if affine else None
+        self.bias = nn.Parameter(torch.zeros(self.d, **factory)) if affine and bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_tensor("x", x, fn="LayerNorm")
+        if x.shape[-1] != self.d:
+            raise ValueError(f"LayerNorm: `x` must have last dim d = {self.d}, got shape {tuple(x.shape)}")
+        return layer_norm(x, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.d}, eps={self.eps:g}, elementwise_affine={self.weight is not None}"
+
+    @classmethod
+    def from_torch(cls, ln: nn.LayerNorm) -> "LayerNorm":
+        """A copy of ``nn.LayerNorm`` over one trailing dim (same eps, gain and shift)."""
+        if not isinstance(ln, nn.LayerNorm):
+            raise TypeError(f"LayerNorm.from_torch: `ln` must be an nn.LayerNorm, got {type(ln).__name__}")
+        if len(ln.normalized_shape) != 1:
+            raise ValueError("LayerNorm.from_torch: only normalized_shape of one dim is supported, got "
+                             f"{tuple(ln.normalized_shape)}")
+        w = ln.weight
+        new = cls(ln.normalized_shape[0], ln.eps, elementwise_affine=w is not None, bias=ln.bias is not None,
+                  device=w.device if w is not None else None, dtype=w.dtype if w is not None else None)
+        with torch.no_grad():
+            if w is not None:
+                new.weight.copy_(w)
+            if ln.bias is not None:
+                new.bias.copy_(ln.bias)
+        return new
+
+
+# ---------------------------------------------------------------------------------------------
+# Position-wise feed-forward network (chapter 07)
+# ---------------------------------------------------------------------------------------------
+
+def swiglu_hidden_size(d_model: int, *, multiple_of: int = 1) -> int:
+    """The SwiGLU hidden size with about the parameters of a 4 d_model ReLU FFN (chapter 07).
+
+    Three d_model x d_ff matrices instead of two: d_ff = 2/3 * 4 d_model = 8 d_model / 3, then
+    rounded up to a multiple of ``multiple_of`` (LLaMA uses 256: d_model 4096 gives 11008).
+    """
+    d_model = check_int("d_model", d_model, fn="swiglu_hidden_size")
+    multiple_of = check_int("multiple_of", multiple_of, fn="swiglu_hidden_size")
+    hidden = (8 * d_model) // 3                                 # int(2 * 4d / 3)
+    return multiple_of * -(-hidden // multiple_of)              # round up to multiple_of
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward network (chapter 07, eq. eq-ch07-ffn): the same map on every row.
+
+    relu / gelu:  FFN(x) = act(x W_1 + b_1) W_2 + b_2         (W_1: d_model x d_ff)
+    swiglu:       FFN(x) = (SiLU(x W_g + b_g) * (x W_1 + b_1)) W_2 + b_2   (Shazeer 2020)
+
+    ``linear1`` and ``linear2`` are named as in ``nn.TransformerEncoderLayer``; ``gate`` exists
+    only for SwiGLU. ``dropout`` acts on the hidden activations (where PyTorch puts it).
+
+    Args:
+        d_model: size of each position's vector.
+        d_ff: hidden size (4 d_model in the original Transformer; about 8 d_model / 3 for SwiGLU,
+            see :func:`swiglu_hidden_size`).
+        activation: ``"relu"``, ``"gelu"`` (exact, erf-based) or ``"swiglu"``.
+        bias: give every linear map a bias.
+        dropout: dropout probability on the hidden layer (training only).
+    """
+
+    def __init__(self, d_model: int, d_ff: int, *, activation: str = "relu", bias: bool = True,
+                 dropout: float = 0.0, device=None, dtype=None):
+        super().__init__()
+        fn = "FeedForward"
+        self.d_model = check_int("d_model", d_model, fn=fn)
+        self.d_ff = check_int("d_ff", d_ff, fn=fn)
+        self.activation = check_choice("activation", activation, ACTIVATIONS, fn=fn)
+        bias = check_bool("bias", bias, fn=fn)
+        dropout = check_float("dropout", dropout, fn=fn, minimum=0.0, maximum=1.0)
+        factory = {"device": device, "dtype": dtype}
+        self.linear1 = nn.Linear(self.d_model, self.d_ff, bias=bias, **factory)   # W_1: up
+        self.gate = nn.Linear(self.d_model, self.d_ff, bias=bias, **factory) if activation == "swiglu" else None
+        self.dropout = nn.Dropout(dropout)
+        self.linear2 = nn.Linear(self.d_ff, self.d_model, bias=bias, **factory)   # W_2: down
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_tensor("x", x, fn="FeedForward")
+        if x.shape[-1] != self.d_model:
+            raise ValueError(f"FeedForward: `x` must have last dim d_model = {self.d_model}, "
+                             f"got shape {tuple(x.shape)}")
+        h = self.linear1(x)                                   # (..., d_ff): x W_1 + b_1
+        if self.activation == "relu":
+            h = F.relu(h)
+        elif self.activation == "gelu":
+            h = F.gelu(h)                                     # exact x * Phi(x)
+        else:
+            h = F.silu(self.gate(x)) * h                      # SwiGLU: SiLU(x W_g) * (x W_1)
+        return self.linear2(self.dropout(h))                  # (..., d_model)
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation!r}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Residual blocks (chapter 08)
+# ---------------------------------------------------------------------------------------------
+
+class ResidualBlock(nn.Module):
+    """A sublayer f with its residual connection and LayerNorm (chapter 08, eq. eq-ch08-pre-post).
+
+    Post-LN (``norm_first=False``, the original Transformer):  y = LN(x + f(x))
+    Pre-LN  (``norm_first=True``, GPT-2 and later):           y = x + f(LN(x))
+
+    Extra positional and keyword arguments of ``forward`` go to ``f`` (e.g. an attention mask);
+    a sublayer returning a named tuple with an ``out`` field (``MultiHeadAttention``) contributes
+    that field.
+    ``dropout`` acts on f's output before it is added (training only).
+
+    Args:
+        sublayer: a module mapping ``(..., d_model)`` to ``(..., d_model)``.
+        d_model: size of the LayerNorm.
+        norm_first: Pre-LN if True, Post-LN if False.
+        eps: the LayerNorm's eps.
+        dropout: dropout probability on f's output.
+    """
+
+    def __init__(self, sublayer: nn.Module, d_model: int, *, norm_first: bool = False, eps: float = 1e-5,
+                 dropout: float = 0.0, bias: bool = True, device=None, dtype=None):
+        super().__init__()
+        fn = "ResidualBlock"
+        if not isinstance(sublayer, nn.Module):
+            raise TypeError(f"{fn}: `sublayer` must be an nn.Module, got {type(sublayer).__name__}")
+        self.norm_first = check_bool("norm_first", norm_first, fn=fn)
+        dropout = check_float("dropout", dropout, fn=fn, minimum=0.0, maximum=1.0)
+        self.sublayer = sublayer
+        self.norm = LayerNorm(d_model, eps, bias=bias, device=device, dtype=dtype)
+        self.dropout = nn.Dropout(dropout)
+
+    def _f(self, x, args, kwargs):
+        out = self.sublayer(x, *args, **kwargs)
+        return self.dropout(out.out if hasattr(out, "out") else out)   # MultiHeadOutput -> out
+
+    def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        if self.norm_first:
+            return x + self._f(self.norm(x), args, kwargs)          # x + f(LN(x))
+        return self.norm(x + self._f(x, args, kwargs))              # LN(x + f(x))
+
+    def extra_repr(self) -> str:
+        return "Pre-LN: x + f(LN(x))" if self.norm_first else "Post-LN: LN(x + f(x))"
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoder layer (chapter 08; assembled into a Transformer in chapter 10)
+# ---------------------------------------------------------------------------------------------
+
+def _torch_activation(layer: nn.TransformerEncoderLayer) -> str:
+    """``"relu"`` or ``"gelu"`` for the activation of a PyTorch layer; ValueError otherwise."""
+    act = layer.activation
+    if act is F.relu or isinstance(act, nn.ReLU):
+        return "relu"
+    if act is F.gelu or (isinstance(act, nn.GELU) and act.approximate == "none"):
+        return "gelu"
+    raise ValueError(f"EncoderLayer.from_torch: only relu and exact gelu activations are supported, got {act!r}")
+
+
+class EncoderLayer(nn.Module):
+    """One Transformer encoder layer: self-attention and FFN, each with residual + LayerNorm (chapter 08).
+
+    Post-LN (``norm_first=False``, Vaswani et al. 2017):
+        x = LN_1(x + MHA(x));        x = LN_2(x + FFN(x))
+    Pre-LN (``norm_first=True``, GPT-2 and later):
+        x = x + MHA(LN_1(x));        x = x + FFN(LN_2(x))
+    A Pre-LN stack needs one more LayerNorm after its last layer (chapter 08); it is not part
+    of the layer.
+
+    Children are named as in ``nn.TransformerEncoderLayer`` (``self_attn``, ``norm1``,
+    ``norm2``, ``dropout1``, ``dropout2``; the FFN's ``linear1``/``linear2`` live in ``ffn``), and
+    :meth:`from_torch` copies such a layer exactly. Dropout: on the attention output
+    (``dropout1``), inside the FFN, and on the FFN output (``dropout2``), as in PyTorch.
+
+    Args:
+        d_model: model width.
+        n_heads: attention heads (must divide d_model).
+        d_ff: FFN hidden size.
+        norm_first: Pre-LN if True, Post-LN if False (the default, as in PyTorch).
+        dropout: dropout probability (training only).
+        activation: the FFN's ``"relu"``, ``"gelu"`` or ``"swiglu"``.
+        eps: both LayerNorms' eps.
+        bias: biases in attention, FFN and LayerNorms.
+        backend: the attention backend (see :func:`attnbook.attention`).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, *, norm_first: bool = False,
+                 dropout: float = 0.0, activation: str = "relu", eps: float = 1e-5, bias: bool = True,
+                 backend: str = "auto", device=None, dtype=None):
+        super().__init__()
+        fn = "EncoderLayer"
+        self.norm_first = check_bool("norm_first", norm_first, fn=fn)
+        dropout = check_float("dropout", dropout, fn=fn, minimum=0.0, maximum=1.0)
+        factory = {"device": device, "dtype": dtype}
+        self.self_attn = MultiHeadAttention(d_model, n_heads, bias=bias, backend=backend, **factory)
+        self.ffn = FeedForward(d_model, d_ff, activation=activation, bias=bias, dropout=dropout, **factory)
+        self.norm1 = LayerNorm(d_model, eps, bias=bias, **factory)
+        self.norm2 = LayerNorm(d_model, eps, bias=bias, **factory)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+
+    def _sa(self, x, mask, causal):
+        return self.dropout1(self.self_attn(x, mask=mask, causal=causal).out)
+
+    def _ff(self, x):
+        return self.dropout2(self.ffn(x))
+
+    def forward(self, x: torch.Tensor, *, mask=None, causal: bool = False) -> torch.Tensor:
+        """Apply the layer to ``x`` ``(B, T, d_model)``.
+
+        Args:
+            x: batch-first input ``(B, T, d_model)``.
+            mask: bool (True = may attend) or additive float, broadcastable to ``(B, H, T, T)``;
+                ``attnbook.padding_mask(lengths, T)`` hides padded keys.
+            causal: query i attends only keys j <= i.
+        Returns:
+            ``(B, T, d_model)``.
+        """
+        if self.norm_first:                                   # Pre-LN: x + f(LN(x))
+            x = x + self._sa(self.norm1(x), mask, causal)
+            x = x + self._ff(self.norm2(x))
+        else:                                                 # Post-LN: LN(x + f(x))
+            x = self.norm1(x + self._sa(x, mask, causal))
+            x = self.norm2(x + self._ff(x))
+        return x
+
+    @classmethod
+    def from_torch(cls, layer: nn.TransformerEncoderLayer, *, backend: str = "auto") -> "EncoderLayer":
+        """An ``EncoderLayer`` with the weights and settings of a PyTorch encoder layer.
+
+        Copies attention (:meth:`MultiHeadAttention.from_torch`), ``linear1``/``linear2``,
+        both LayerNorms (with their eps), ``norm_first``, the activation (relu or exact gelu)
+        and the dropout probability. The result is batch first whatever ``layer.batch_first``
+        says, and equals ``layer`` in eval mode; PyTorch's ``src_key_padding_mask`` (True =
+        padding) becomes ``mask=~src_key_padding_mask[:, None, None, :]`` here.
+        """
+        fn = "EncoderLayer.from_torch"
+        if not isinstance(layer, nn.TransformerEncoderLayer):
+            raise TypeError(f"{fn}: `layer` must be an nn.TransformerEncoderLayer, got {type(layer).__name__}")
+        mha, w = layer.self_attn, layer.linear1.weight
+        new = cls(mha.embed_dim, mha.num_heads, layer.linear1.out_features, norm_first=layer.norm_first,
+                  dropout=layer.dropout.p, activation=_torch_activation(layer), eps=layer.norm1.eps,
+                  bias=layer.linear1.bias is not None, backend=backend, device=w.device, dtype=w.dtype)
+        new.self_attn = MultiHeadAttention.from_torch(mha, backend=backend)
+        new.norm1, new.norm2 = LayerNorm.from_torch(layer.norm1), LayerNorm.from_torch(layer.norm2)
+        new.ffn.linear1.load_state_dict(layer.linear1.state_dict())
+        new.ffn.linear2.load_state_dict(layer.linear2.state_dict())
+        return new
+
+
+# ---------------------------------------------------------------------------------------------
+# Counting parameters (chapters 05, 07, 10)
+# ---------------------------------------------------------------------------------------------
+
+KINDS = ("embedding", "attention", "ffn", "norm", "other")
+
+# PyTorch's Transformer layers keep their FFN as two bare nn.Linear children with these names.
+_TORCH_FFN_CHILDREN = {"linear1", "linear2"}
+
+
+def _kind(module: nn.Module, name: str, parent: nn.Module | None) -> str | None:
+    """The kind a whole module counts as, or None to look inside it."""
+    if isinstance(module, nn.Embedding):
+        return "embedding"
+    if isinstance(module, (nn.MultiheadAttention, MultiHeadAttention)):
+        return "attention"
+    if isinstance(module, FeedForward):
+        return "ffn"
+    torch_layers = (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
+    if isinstance(parent, torch_layers) and name in _TORCH_FFN_CHILDREN:
+        return "ffn"
+    norms = (nn.LayerNorm, LayerNorm) + ((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ())
+    if isinstance(module, norms):
+        return "norm"
+    return None
+
+
+def count_parameters(module: nn.Module, *, by: str = "kind") -> dict[str, int]:
+    """Number of parameters of ``module``, split by kind or by child (chapters 07 and 08).
+
+    ``by="kind"``: ``{"embedding", "attention", "ffn", "norm", "other"}`` (keys with 0 omitted).
+    A module is counted as a whole when it is an embedding (``nn.Embedding``), an attention
+    (``nn.MultiheadAttention`` or :class:`attnbook.multihead.MultiHeadAttention`), an FFN
+    (:class:`FeedForward`, or the ``linear1``/``linear2`` children of PyTorch's Transformer
+    layers), or a norm (LayerNorm, RMSNorm); any other parameter is ``"other"`` (e.g. an output
+    projection to the vocabulary that is not tied to the embedding).
+
+    ``by="child"``: one entry per named child that holds parameters, in order, plus
+    ``"(own)"`` for parameters the module holds directly.
+
+    A parameter shared by several modules (tied embeddings) is counted once, where it is first
+    met, so the values always add up to ``sum(p.numel() for p in module.parameters())``.
+    """
+    fn = "count_parameters"
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"{fn}: `module` must be an nn.Module, got {type(module).__name__}")
+    check_choice("by", by, ("kind", "child"), fn=fn)
+    seen: set[int] = set()
+
+    def fresh(params) -> int:
+        n = 0
+        for p in params:
+            if id(p) not in seen:
+                seen.add(id(p))
+                n += p.numel()
+        return n
+
+    counts: dict[str, int] = {}
+    if by == "child":
+        for name, child in module.named_children():
+            if any(True for _ in child.parameters()):         # skip dropout, activations ...
+                counts[name] = fresh(child.parameters())
+        own = fresh(module.parameters(recurse=False))
+        if own:
+            counts["(own)"] = own
+        return counts
+
+    counts = dict.fromkeys(KINDS, 0)
+
+    def walk(mod: nn.Module, name: str, parent: nn.Module | None) -> None:
+        kind = _kind(mod, name, parent)
+        if kind is not None:
+            counts[kind] += fresh(mod.parameters())
+            return
+        counts["other"] += fresh(mod.parameters(recurse=False))
+        for child_name, child in mod.named_children():
+            walk(child, child_name, mod)
+
+    walk(module, "", None)
+    return {k: v for k, v in counts.items() if v}
