@@ -1,0 +1,446 @@
+"""GRU encoder-decoder models, without attention (chapter 02) and with attention (chapter 03).
+
+Two families, both batched over padded source sentences (bool masks, True = real token):
+
+* ``Seq2Seq``: no attention, one fixed context vector ``c`` (the encoder's last hidden state).
+  ``context="every_step"`` is Cho et al. 2014: ``c`` enters every decoder step,
+  ``s_t = f(s_{t-1}, y_{t-1}, c)`` and ``P(y_t | ...) = g(s_t, y_{t-1}, c)``.
+  ``context="init"`` is Sutskever et al. 2014: ``c`` only initialises the decoder,
+  ``s_t = f(s_{t-1}, y_{t-1})`` and ``P(y_t | ...) = softmax(W_o s_t)`` (they also reversed the
+  source and used 4-layer LSTMs; here it is one GRU layer either way).
+* ``AttentionSeq2Seq``: a new context ``c_t`` at every step, from the three steps of chapter 03
+  (score, masked softmax, weighted sum). Two data flows, chosen with ``flow``:
+
+  - ``"bahdanau"`` (Bahdanau, Cho, Bengio 2015): bidirectional encoder, ``h_j = [fwd h_j; bwd h_j]``;
+    the query is the *previous* state ``s_{t-1}``; the context enters the recurrence,
+    ``s_t = f(s_{t-1}, y_{t-1}, c_t)``; output ``g(s_t, y_{t-1}, c_t)`` (linear here, maxout in
+    the paper); ``s_0 = tanh(W_s bwd h_1)``.
+  - ``"luong"`` (Luong, Pham, Manning 2015): unidirectional encoder; the query is the *current*
+    state ``s_t = f(s_{t-1}, y_{t-1})``; attentional state ``h~_t = tanh(W_c [c_t; s_t])`` and
+    ``P(y_t | ...) = softmax(W_s h~_t)``; with ``input_feeding=True`` ``h~_{t-1}`` is also fed to
+    the next step, ``s_t = f(s_{t-1}, [y_{t-1}; h~_{t-1}])``. Here ``s_0 = tanh(W_init h_m)``.
+
+The scores are the library's own ``dot_scores``, ``scaled_dot_scores``, ``general_scores`` and
+``additive_scores`` (``AttentionScore``), normalised with ``masked_softmax`` after the source
+padding is set to ``-inf``; PAD positions get weight exactly 0 and never influence anything.
+
+Decoding: ``model.step_fn(src)`` returns a function ``step(prefixes (N, t)) -> (N, V)``
+log-probabilities of the next token (``prefixes[:, 0]`` is BOS), the protocol of
+``greedy_decode``, ``beam_search`` and ``exact_map`` (module ``decoding``, re-exported here).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from . import additive_scores, dot_scores, general_scores, masked_softmax, scaled_dot_scores
+from ._checks import check_bool, check_choice, check_float, check_int, check_tensor
+
+try:
+    from .decoding import beam_search, exact_map, greedy_decode
+except ImportError:  # TEMPORARY: until lib/attnbook/decoding.py lands
+    pass
+
+__all__ = [
+    "FLOWS",
+    "SCORES",
+    "AttentionScore",
+    "AttentionSeq2Seq",
+    "EncoderOutput",
+    "GRUEncoder",
+    "Seq2Seq",
+    "Seq2SeqOutput",
+    "beam_search",
+    "exact_map",
+    "greedy_decode",
+]
+
+SCORES = ("dot", "scaled_dot", "general", "additive")
+FLOWS = ("bahdanau", "luong")
+CONTEXTS = ("every_step", "init")
+
+
+class EncoderOutput(NamedTuple):
+    """What the decoder reads from the encoder."""
+
+    memory: torch.Tensor   # (B, S, D_k) encoder states h_1..h_S (zeros at PAD)
+    mask: torch.Tensor     # (B, S) bool, True = real token
+    summary: torch.Tensor  # (B, d_enc) fwd h_m (unidirectional) or bwd h_1 (bidirectional)
+
+
+class Seq2SeqOutput(NamedTuple):
+    """Teacher-forced outputs for target inputs ``y_0 = BOS, y_1, ..., y_{T-1}``."""
+
+    logits: torch.Tensor                 # (B, T, V): row t predicts y_{t+1}
+    weights: torch.Tensor | None         # (B, T, S) attention weights, None without attention
+    states: torch.Tensor                 # (B, T + 1, d_hidden): s_0, s_1, ..., s_T
+    contexts: torch.Tensor               # (B, T, D_k): c_1..c_T (the fixed c repeated if no attention)
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------------------------
+
+def _check_tokens(name: str, t, vocab_size: int, *, fn: str) -> None:
+    check_tensor(name, t, fn=fn, min_ndim=2, floating=False)
+    if t.ndim != 2 or t.dtype != torch.long:
+        raise TypeError(f"{fn}: `{name}` must be a 2-D torch.long tensor (B, T) of token ids, "
+                        f"got dtype {t.dtype}, shape {tuple(t.shape)}")
+    if t.shape[0] == 0 or t.shape[1] == 0:
+        raise ValueError(f"{fn}: `{name}` must be non-empty, got shape {tuple(t.shape)}")
+    if (t < 0).any() or (t >= vocab_size).any():
+        raise ValueError(f"{fn}: `{name}` must hold ids in [0, {vocab_size}), "
+                         f"got min {int(t.min())}, max {int(t.max())}")
+
+
+def _check_src_mask(src: torch.Tensor, src_mask, *, fn: str) -> None:
+    check_tensor("src_mask", src_mask, fn=fn, min_ndim=2, floating=False)
+    if src_mask.dtype != torch.bool:
+        raise TypeError(f"{fn}: `src_mask` must be a bool tensor (True = real token), "
+                        f"got dtype {src_mask.dtype}")
+    if src_mask.shape != src.shape:
+        raise ValueError(f"{fn}: `src_mask` must have src's shape {tuple(src.shape)}, "
+                         f"got {tuple(src_mask.shape)}")
+    if not src_mask[:, 0].all():
+        raise ValueError(f"{fn}: every source sentence needs at least one real token "
+                         f"(`src_mask[:, 0]` must be True)")
+    if (src_mask[:, 1:] & ~src_mask[:, :-1]).any():
+        raise ValueError(f"{fn}: `src_mask` must be right-padded: True for the first lengths[b] "
+                         f"positions, then False")
+
+
+# ---------------------------------------------------------------------------------------------
+# Blocks
+# ---------------------------------------------------------------------------------------------
+
+class AttentionScore(nn.Module):
+    """Step 1 of chapter 03's three steps: a score ``e_tj`` for every query s_t and key h_j.
+
+    ``kind`` picks one of the library's score functions (no second implementation here):
+    ``"dot"``: ``s . h`` (needs ``d_query == d_key``, no parameters); ``"scaled_dot"``:
+    ``s . h / sqrt(d)``; ``"general"``: ``s W_a h^T`` with ``W_a (d_query, d_key)`` (Luong);
+    ``"additive"``: ``v_a . tanh(s W_q + h W_k)`` with ``W_q (d_query, d_attn)``,
+    ``W_k (d_key, d_attn)``, ``v_a (d_attn,)`` (Bahdanau; Luong's "concat"), bounded by
+    ``||v_a||_1``. Row-vector convention: ``s W_q`` multiplies on the right.
+
+    Forward: query ``(..., Tq, d_query)``, keys ``(..., Tk, d_key)`` -> scores ``(..., Tq, Tk)``.
+    """
+
+    def __init__(self, kind: str, d_query: int, d_key: int, *, d_attn: int | None = None):
+        super().__init__()
+        fn = "AttentionScore"
+        self.kind = check_choice("kind", kind, SCORES, fn=fn)
+        self.d_query = check_int("d_query", d_query, fn=fn)
+        self.d_key = check_int("d_key", d_key, fn=fn)
+        if kind in ("dot", "scaled_dot") and d_query != d_key:
+            raise ValueError(f"{fn}: {kind!r} scores need d_query == d_key (s . h is only defined "
+                             f"for equal sizes), got d_query={d_query}, d_key={d_key}; "
+                             f"use 'general' or 'additive', or match the sizes")
+        self.d_attn = None
+        if kind == "general":
+            self.weight = nn.Parameter(torch.randn(d_query, d_key) / math.sqrt(d_key))
+        elif kind == "additive":
+            self.d_attn = d_query if d_attn is None else check_int("d_attn", d_attn, fn=fn)
+            self.w_q = nn.Parameter(torch.randn(d_query, self.d_attn) / math.sqrt(d_query))
+            self.w_k = nn.Parameter(torch.randn(d_key, self.d_attn) / math.sqrt(d_key))
+            self.v_a = nn.Parameter(torch.randn(self.d_attn) / math.sqrt(self.d_attn))
+        if d_attn is not None and kind != "additive":
+            raise ValueError(f"{fn}: `d_attn` is only used by 'additive' scores, got kind={kind!r}")
+
+    def forward(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        if self.kind == "dot":
+            return dot_scores(query, keys)
+        if self.kind == "scaled_dot":
+            return scaled_dot_scores(query, keys)
+        if self.kind == "general":
+            return general_scores(query, keys, self.weight)
+        return additive_scores(query, keys, self.w_q, self.w_k, self.v_a)
+
+    def extra_repr(self) -> str:
+        extra = f", d_attn={self.d_attn}" if self.d_attn else ""
+        return f"kind={self.kind!r}, d_query={self.d_query}, d_key={self.d_key}{extra}"
+
+
+class GRUEncoder(nn.Module):
+    """The encoder of chapters 02-03: embeddings and a (bi)directional GRU over padded sources.
+
+    Padded positions are skipped (``pack_padded_sequence``): the states of the real tokens and the
+    summary do not depend on how much padding follows. ``memory`` is zero at PAD.
+    ``summary`` is the forward state at the last real token ``h_m`` (unidirectional) or the
+    backward state at the first token (bidirectional; Bahdanau's initialiser of ``s_0``).
+    """
+
+    def __init__(self, vocab_size: int, d_emb: int, d_hidden: int, *, bidirectional: bool = False,
+                 pad_id: int = 0):
+        super().__init__()
+        fn = "GRUEncoder"
+        self.vocab_size = check_int("vocab_size", vocab_size, fn=fn)
+        check_int("d_emb", d_emb, fn=fn)
+        self.d_hidden = check_int("d_hidden", d_hidden, fn=fn)
+        self.bidirectional = check_bool("bidirectional", bidirectional, fn=fn)
+        self.pad_id = check_int("pad_id", pad_id, fn=fn, minimum=0)
+        self.d_out = d_hidden * (2 if bidirectional else 1)
+        self.embed = nn.Embedding(vocab_size, d_emb, padding_idx=pad_id)
+        self.rnn = nn.GRU(d_emb, d_hidden, batch_first=True, bidirectional=bidirectional)
+
+    def forward(self, src: torch.Tensor, src_mask: torch.Tensor) -> EncoderOutput:
+        """src ``(B, S)`` long, src_mask ``(B, S)`` bool (right-padded) -> ``EncoderOutput``."""
+        _check_tokens("src", src, self.vocab_size, fn="GRUEncoder")
+        _check_src_mask(src, src_mask, fn="GRUEncoder")
+        lengths = src_mask.sum(1).cpu()
+        packed = pack_padded_sequence(self.embed(src), lengths, batch_first=True,
+                                      enforce_sorted=False)
+        out, h_n = self.rnn(packed)                      # h_n: (dirs, B, d_hidden)
+        memory, _ = pad_packed_sequence(out, batch_first=True, total_length=src.shape[1])
+        summary = h_n[-1]                                # fwd h_m, or bwd h_1 when bidirectional
+        return EncoderOutput(memory, src_mask, summary)  # (B, S, d_out), (B, S), (B, d_hidden)
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared behaviour of both model families
+# ---------------------------------------------------------------------------------------------
+
+class _Seq2SeqBase(nn.Module):
+    encoder: GRUEncoder
+    tgt_vocab: int
+
+    def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> EncoderOutput:
+        """Run the encoder once: ``EncoderOutput(memory, mask, summary)``."""
+        return self.encoder(src, src_mask)
+
+    def forward(self, src: torch.Tensor, src_mask: torch.Tensor, tgt_in: torch.Tensor,
+                **kwargs) -> Seq2SeqOutput:
+        """Teacher forcing: src ``(B, S)``, src_mask ``(B, S)`` bool, tgt_in ``(B, T)`` = BOS y_1..y_{T-1}.
+
+        Returns ``Seq2SeqOutput``; ``logits[:, t]`` scores ``y_{t+1}`` given ``tgt_in[:, :t+1]``.
+        """
+        fn = type(self).__name__
+        _check_tokens("tgt_in", tgt_in, self.tgt_vocab, fn=fn)
+        if tgt_in.shape[0] != src.shape[0]:
+            raise ValueError(f"{fn}: src and tgt_in need the same batch size, got "
+                             f"{src.shape[0]} and {tgt_in.shape[0]}")
+        return self.decode(tgt_in, self.encode(src, src_mask), **kwargs)
+
+    def step_fn(self, src: torch.Tensor, **kwargs) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The decoding protocol for one source sentence ``src`` (1-D, no padding).
+
+        Returns ``step(prefixes (N, t)) -> (N, V)``: log P(next token | prefix, src) for each
+        prefix (``prefixes[:, 0]`` is BOS), computed in eval mode without gradients by running
+        the teacher-forced decoder over the prefix (so it equals ``forward``'s log-softmax).
+        """
+        fn = f"{type(self).__name__}.step_fn"
+        check_tensor("src", src, fn=fn, min_ndim=1, floating=False)
+        if src.ndim != 1:
+            raise ValueError(f"{fn}: `src` must be one sentence, a 1-D tensor, got shape "
+                             f"{tuple(src.shape)}")
+        src = src[None]
+        with torch.no_grad():
+            enc = self.encode(src, torch.ones_like(src, dtype=torch.bool))
+
+        def step(prefixes: torch.Tensor) -> torch.Tensor:
+            _check_tokens("prefixes", prefixes, self.tgt_vocab, fn=f"{type(self).__name__} step")
+            n = prefixes.shape[0]
+            expanded = EncoderOutput(*(x.expand(n, *x.shape[1:]) for x in enc))
+            was_training = self.training
+            self.eval()
+            try:
+                with torch.no_grad():
+                    logits = self.decode(prefixes, expanded, **kwargs).logits[:, -1]
+            finally:
+                self.train(was_training)
+            return F.log_softmax(logits, dim=-1)  # (N, V)
+
+        return step
+
+    @torch.no_grad()
+    def greedy(self, src: torch.Tensor, src_mask: torch.Tensor, *, bos: int, max_len: int,
+               **kwargs) -> torch.Tensor:
+        """Batched greedy decoding (for evaluation): ``(B, max_len)`` tokens after BOS.
+
+        Token by token the argmax of the next-token distribution, without stopping at EOS (the
+        caller cuts at EOS); for one sentence the tokens equal ``greedy_decode(model.step_fn(src))``
+        up to the first EOS (tested).
+        """
+        fn = f"{type(self).__name__}.greedy"
+        bos = check_int("bos", bos, fn=fn, minimum=0)
+        max_len = check_int("max_len", max_len, fn=fn)
+        was_training = self.training
+        self.eval()
+        try:
+            enc = self.encode(src, src_mask)
+            ys = torch.full((src.shape[0], 1), bos, dtype=torch.long, device=src.device)
+            for _ in range(max_len):
+                logits = self.decode(ys, enc, **kwargs).logits[:, -1]
+                ys = torch.cat([ys, logits.argmax(-1, keepdim=True)], 1)
+        finally:
+            self.train(was_training)
+        return ys[:, 1:]
+
+
+# ---------------------------------------------------------------------------------------------
+# Without attention (chapter 02)
+# ---------------------------------------------------------------------------------------------
+
+class Seq2Seq(_Seq2SeqBase):
+    """GRU encoder-decoder with one fixed context vector ``c = h_m`` (chapter 02).
+
+    ``context="every_step"`` (Cho et al. 2014): ``s_0 = tanh(W_init c)``,
+    ``s_t = GRU(s_{t-1}, [emb(y_{t-1}); c])``, ``logits_t = W_o [s_t; emb(y_{t-1}); c]``.
+    ``context="init"`` (Sutskever et al. 2014): ``s_0 = tanh(W_init c)``,
+    ``s_t = GRU(s_{t-1}, emb(y_{t-1}))``, ``logits_t = W_o s_t``.
+
+    Args: src_vocab, tgt_vocab (sizes), d_emb, d_hidden (encoder and decoder), context, pad_id.
+    """
+
+    def __init__(self, src_vocab: int, tgt_vocab: int, *, d_emb: int = 32, d_hidden: int = 64,
+                 context: str = "every_step", pad_id: int = 0):
+        super().__init__()
+        fn = "Seq2Seq"
+        self.tgt_vocab = check_int("tgt_vocab", tgt_vocab, fn=fn)
+        self.context = check_choice("context", context, CONTEXTS, fn=fn)
+        self.encoder = GRUEncoder(src_vocab, d_emb, d_hidden, pad_id=pad_id)
+        self.d_hidden = d_hidden
+        self.embed = nn.Embedding(tgt_vocab, d_emb, padding_idx=pad_id)
+        self.init = nn.Linear(d_hidden, d_hidden)
+        every = context == "every_step"
+        self.rnn = nn.GRU(d_emb + (d_hidden if every else 0), d_hidden, batch_first=True)
+        self.out = nn.Linear(d_hidden + (d_emb + d_hidden if every else 0), tgt_vocab)
+
+    def decode(self, tgt_in: torch.Tensor, enc: EncoderOutput, *,
+               s0: torch.Tensor | None = None) -> Seq2SeqOutput:
+        """Decoder given the encoder's output; ``s0`` overrides ``tanh(W_init c)`` if given."""
+        c = enc.summary                                            # (B, d_hidden)
+        if s0 is None:
+            s0 = torch.tanh(self.init(c))                          # s_0
+        e = self.embed(tgt_in)                                     # (B, T, d_emb)
+        c_all = c[:, None].expand(-1, tgt_in.shape[1], -1)         # (B, T, d_hidden)
+        if self.context == "every_step":
+            s, _ = self.rnn(torch.cat([e, c_all], -1), s0[None].contiguous())  # s_t = f(s, y, c)
+            logits = self.out(torch.cat([s, e, c_all], -1))        # g(s_t, y_{t-1}, c)
+        else:
+            s, _ = self.rnn(e, s0[None].contiguous())              # s_t = f(s_{t-1}, y_{t-1})
+            logits = self.out(s)                                   # softmax(W_o s_t)
+        states = torch.cat([s0[:, None], s], 1)                    # (B, T + 1, d_hidden)
+        return Seq2SeqOutput(logits, None, states, c_all)
+
+
+# ---------------------------------------------------------------------------------------------
+# With attention (chapter 03)
+# ---------------------------------------------------------------------------------------------
+
+class AttentionSeq2Seq(_Seq2SeqBase):
+    """GRU encoder-decoder with attention, Bahdanau or Luong data flow (chapter 03, eqs. 3.1-3.3).
+
+    Args:
+        src_vocab, tgt_vocab: vocabulary sizes.
+        d_emb: embedding size; d_hidden: decoder state size ``d``.
+        d_enc: encoder GRU size per direction (default ``d_hidden``); keys have size
+            ``D_k = 2 d_enc`` (bidirectional) or ``d_enc``.
+        score: ``"dot" | "scaled_dot" | "general" | "additive"`` (``AttentionScore``).
+        flow: ``"bahdanau"`` (query s_{t-1}, context in the recurrence) or ``"luong"`` (query
+            s_t, attentional state ``tanh(W_c [c_t; s_t])``); see the module docstring.
+        bidirectional: encoder direction (default: True for bahdanau, False for luong).
+        input_feeding: Luong only; feed ``h~_{t-1}`` into step t.
+        d_attn: hidden size of the additive score (default ``d_hidden``).
+        pad_id: PAD token id of both vocabularies.
+
+    ``forward(src, src_mask, tgt_in, *, temperature=1.0)``: the softmax uses ``e / temperature``
+    (1 = the model as trained). Returns ``Seq2SeqOutput`` with weights ``(B, T, S)``.
+    """
+
+    def __init__(self, src_vocab: int, tgt_vocab: int, *, d_emb: int = 32, d_hidden: int = 64,
+                 d_enc: int | None = None, score: str = "additive", flow: str = "bahdanau",
+                 bidirectional: bool | None = None, input_feeding: bool = False,
+                 d_attn: int | None = None, pad_id: int = 0):
+        super().__init__()
+        fn = "AttentionSeq2Seq"
+        self.tgt_vocab = check_int("tgt_vocab", tgt_vocab, fn=fn)
+        self.flow = check_choice("flow", flow, FLOWS, fn=fn)
+        d_hidden = check_int("d_hidden", d_hidden, fn=fn)
+        d_enc = d_hidden if d_enc is None else check_int("d_enc", d_enc, fn=fn)
+        if bidirectional is None:
+            bidirectional = flow == "bahdanau"
+        bidirectional = check_bool("bidirectional", bidirectional, fn=fn)
+        self.input_feeding = check_bool("input_feeding", input_feeding, fn=fn)
+        if input_feeding and flow != "luong":
+            raise ValueError(f"{fn}: `input_feeding` is part of the Luong flow; with "
+                             f"flow={flow!r} the context already enters the recurrence")
+        self.d_hidden = d_hidden
+        self.encoder = GRUEncoder(src_vocab, d_emb, d_enc, bidirectional=bidirectional,
+                                  pad_id=pad_id)
+        d_key = self.encoder.d_out
+        if score in ("dot", "scaled_dot") and d_key != d_hidden:
+            raise ValueError(
+                f"{fn}: {score!r} scores need dim(s) == dim(h), but d_hidden={d_hidden} and the "
+                f"keys have size {d_key} ({'2 x ' if bidirectional else ''}d_enc); pass "
+                f"d_enc={d_hidden // (2 if bidirectional else 1)} or use 'general'/'additive'")
+        self.score = AttentionScore(score, d_hidden, d_key, d_attn=d_attn)
+        self.embed = nn.Embedding(tgt_vocab, d_emb, padding_idx=pad_id)
+        self.init = nn.Linear(d_enc, d_hidden)
+        if flow == "bahdanau":
+            self.cell = nn.GRUCell(d_emb + d_key, d_hidden)              # f(s_{t-1}, y_{t-1}, c_t)
+            self.out = nn.Linear(d_hidden + d_emb + d_key, tgt_vocab)     # g(s_t, y_{t-1}, c_t)
+        else:
+            if input_feeding:
+                self.cell = nn.GRUCell(d_emb + d_hidden, d_hidden)        # f(s, [y; h~_{t-1}])
+            else:
+                self.rnn = nn.GRU(d_emb, d_hidden, batch_first=True)      # f(s_{t-1}, y_{t-1})
+            self.combine = nn.Linear(d_key + d_hidden, d_hidden, bias=False)  # W_c
+            self.out = nn.Linear(d_hidden, tgt_vocab)                     # W_s
+
+    def attend(self, query: torch.Tensor, enc: EncoderOutput, *,
+               temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """The three steps for queries ``(B, Tq, d_hidden)``: ``(contexts (B, Tq, D_k), weights (B, Tq, S))``.
+
+        1. ``e = score(query, memory) / temperature``; PAD keys -> ``-inf``;
+        2. ``alpha = masked_softmax(e)`` (exactly 0 on PAD, > 0 elsewhere);
+        3. ``c = alpha H`` (weighted sum of the encoder states).
+        """
+        scores = self.score(query, enc.memory) / temperature             # (B, Tq, S)
+        scores = scores.masked_fill(~enc.mask[:, None, :], float("-inf"))
+        weights = masked_softmax(scores)                                  # (B, Tq, S)
+        return weights @ enc.memory, weights                              # (B, Tq, D_k)
+
+    def decode(self, tgt_in: torch.Tensor, enc: EncoderOutput, *,
+               temperature: float = 1.0) -> Seq2SeqOutput:
+        """Decoder given the encoder's output (teacher forcing over ``tgt_in``)."""
+        temperature = check_float("temperature", temperature, fn="AttentionSeq2Seq",
+                                  minimum=0.0, inclusive=False)
+        e = self.embed(tgt_in)                                     # (B, T, d_emb)
+        s = torch.tanh(self.init(enc.summary))                     # s_0: (B, d_hidden)
+        if self.flow == "bahdanau":
+            states, contexts, weights = [s], [], []
+            for t in range(tgt_in.shape[1]):
+                c, a = self.attend(s[:, None], enc, temperature=temperature)  # query s_{t-1}
+                s = self.cell(torch.cat([e[:, t], c[:, 0]], -1), s)           # s_t
+                states.append(s)
+                contexts.append(c[:, 0])
+                weights.append(a[:, 0])
+            states, contexts = torch.stack(states, 1), torch.stack(contexts, 1)
+            logits = self.out(torch.cat([states[:, 1:], e, contexts], -1))
+            return Seq2SeqOutput(logits, torch.stack(weights, 1), states, contexts)
+        if not self.input_feeding:
+            s_all, _ = self.rnn(e, s[None].contiguous())           # s_1..s_T: (B, T, d_hidden)
+            contexts, weights = self.attend(s_all, enc, temperature=temperature)  # query s_t
+            h_tilde = torch.tanh(self.combine(torch.cat([contexts, s_all], -1)))  # h~_t
+            states = torch.cat([s[:, None], s_all], 1)
+            return Seq2SeqOutput(self.out(h_tilde), weights, states, contexts)
+        h_tilde = torch.zeros_like(s)                              # h~_0 = 0
+        states, contexts, weights, tildes = [s], [], [], []
+        for t in range(tgt_in.shape[1]):
+            s = self.cell(torch.cat([e[:, t], h_tilde], -1), s)    # s_t = f(s_{t-1}, [y; h~])
+            c, a = self.attend(s[:, None], enc, temperature=temperature)  # query s_t
+            h_tilde = torch.tanh(self.combine(torch.cat([c[:, 0], s], -1)))
+            states.append(s)
+            contexts.append(c[:, 0])
+            weights.append(a[:, 0])
+            tildes.append(h_tilde)
+        logits = self.out(torch.stack(tildes, 1))
+        return Seq2SeqOutput(logits, torch.stack(weights, 1), torch.stack(states, 1),
+                             torch.stack(contexts, 1))
