@@ -94,6 +94,25 @@ def test_make_batch_padding_lengths_masks():
     assert b.to("cpu").src.data_ptr() is not None
 
 
+@given(st.lists(st.tuples(st.text("abc", min_size=1, max_size=6), st.text("abc", max_size=6)),
+                min_size=1, max_size=5))
+@settings(max_examples=50, deadline=None)
+def test_make_batch_property(pairs):
+    v = Vocab("abc")
+    b = make_batch(pairs, v, v)
+    assert b.src.shape == (len(pairs), max(len(s) for s, _ in pairs))
+    assert b.tgt_in.shape == b.tgt_out.shape == (len(pairs), 1 + max(len(t) for _, t in pairs))
+    assert b.src_len.tolist() == [len(s) for s, _ in pairs]
+    assert b.tgt_len.tolist() == [len(t) + 1 for _, t in pairs]
+    assert torch.equal(b.src_mask, b.src != PAD_ID) and torch.equal(b.tgt_mask, b.tgt_out != PAD_ID)
+    assert (b.tgt_in[:, 0] == BOS_ID).all()
+    rows = torch.arange(len(pairs))
+    assert (b.tgt_out[rows, b.tgt_len - 1] == EOS_ID).all()
+    assert [v.decode(r) for r in b.src] == [s for s, _ in pairs]
+    assert [v.decode(r) for r in b.tgt_out] == [t for _, t in pairs]
+    assert [v.decode(r) for r in b.tgt_in] == [t for _, t in pairs]  # BOS skipped, PAD skipped
+
+
 def test_make_batch_ids_without_vocab_and_bad_input():
     b = make_batch([([5, 6], [7])])
     assert b.src.tolist() == [[5, 6]] and b.tgt_out.tolist() == [[7, EOS_ID]]

@@ -136,6 +136,9 @@ def test_progress_rule(monkeypatch):
     monkeypatch.setattr(train, "_in_kernel", lambda: False)
     monkeypatch.setattr("sys.stdout.isatty", lambda: False, raising=False)
     assert progress_mode(True) == "line"      # a pipe or a log file
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True, raising=False)
+    assert progress_mode(True) == "bar"       # a terminal
+    monkeypatch.setattr("sys.stdout.isatty", lambda: False, raising=False)
     monkeypatch.setattr(train, "_in_kernel", lambda: True)
     assert progress_mode(True) == "bar"       # Jupyter / Colab
     monkeypatch.setenv("ATTNBOOK_STATIC", "0")

@@ -89,7 +89,9 @@ class Vocab:
         return token in self.stoi
 
     def __repr__(self) -> str:
-        return f"Vocab(level={self.level!r}, size={len(self)}, tokens={self.itos[4:]!r:.60})"
+        tokens = self.itos[4:]
+        shown = " ".join(tokens[:12]) + (" ..." if len(tokens) > 12 else "")
+        return f"Vocab(level={self.level!r}, size={len(self)}, tokens after the 4 specials: {shown!r})"
 
     def tokenize(self, text: str) -> list[str]:
         """Split a string into tokens (characters, or whitespace-separated words)."""
@@ -219,8 +221,8 @@ class Task:
     name: str
     src_vocab: Vocab
     tgt_vocab: Vocab
-    sample: Callable[[int, torch.Generator], list[tuple[str, str]]]
-    key: Callable[[tuple[str, str]], str] = lambda pair: pair[0]
+    sample: Callable[[int, torch.Generator], list[tuple[str, str]]] = field(repr=False)
+    key: Callable[[tuple[str, str]], str] = field(default=lambda pair: pair[0], repr=False)
 
     def pairs(self, n: int, *, seed=0, split: str | None = "train") -> list[tuple[str, str]]:
         """``n`` pairs from ``split`` ("train", "valid", "test", or None for any), reproducibly."""
