@@ -134,7 +134,8 @@ def fit(model: torch.nn.Module, batches, *, loss_fn: Callable, steps: int | None
             it ends), or a re-iterable such as a list (cycled).
         loss_fn: ``loss_fn(model, batch) -> scalar tensor``.
         steps, seconds: stop after this many steps / this much wall time; at least one is
-            required, and the first reached wins (at least one step always runs).
+            required, and the first reached wins (at least one step always runs). Only
+            ``steps`` is reproducible: under ``seconds`` the step count depends on the machine.
         lr: learning rate; seed: passed to ``torch.manual_seed`` first (dropout, and batches
             drawn from torch's global generator); initialise the model before calling.
         progress: see the module docstring; optimizer: "adam", "adamw" or "sgd" (no momentum);
