@@ -1,10 +1,10 @@
-"""Tests for the fused Triton FlashAttention kernel (lib/attnbook/triton_flash.py).
+"""Tests for the fused Triton FlashAttention kernel (lib/attnbook/triton_flash.py, triton_kernels.py).
 
 Without CUDA the kernels run under Triton's interpreter (TRITON_INTERPRET=1), which executes
 every program one after another with numpy on the CPU. That checks the algorithm: tiling and
-tails of every size, Tq != Tk, causal tile skipping and the diagonal split, key padding, empty
-rows, the online softmax, the log-sum-exp and the whole backward pass, against a float64
-reference. It cannot catch:
+tails of every size, Tq != Tk, causal tile skipping and the two causal stages, key padding,
+empty rows, hidden NaN / inf, the online softmax, the log-sum-exp and the whole backward pass,
+against a float64 reference. It cannot catch:
 - TF32 vs IEEE fp32 dot products: numpy multiplies in exact fp32 whatever `input_precision`
   says (on an Ampere+ GPU a TF32 dot would lose ~3 decimal digits);
 - bfloat16 at all (the interpreter's tl.dot multiplies raw bf16 bit patterns, so the kernel
@@ -26,23 +26,29 @@ float64 <= 2x (3x for gradients) the error of the naive kernel in the same dtype
 import importlib.util
 import math
 import os
+import re
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from attnbook.attention import attention_ref, causal_mask, padding_mask
+from attnbook.flash import DOUBLE_BACKWARD_ERROR
+from attnbook.reference import attention_ref, padding_mask, visible_keys
 from attnbook.testing import assert_close_to_reference, max_abs_error
+from conftest import NEG_INF, lse_ref
+from conftest import rand as _rand
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 
-# @triton.jit reads TRITON_INTERPRET when attnbook.triton_flash is first imported; the interpreter
-# also reads it while running. Set it only for that import and for this module's tests (fixture
-# below), so that the rest of the session - notebooks above all - never sees it.
+# @triton.jit reads TRITON_INTERPRET when attnbook.triton_kernels is first imported (by
+# attnbook.triton_flash); the interpreter also reads it while running. Set it only for that import
+# and for this module's tests (fixture below), so that the rest of the session - notebooks above
+# all - never sees it.
 _saved_env = os.environ.get("TRITON_INTERPRET")
 if not CUDA:
     os.environ["TRITON_INTERPRET"] = "1"
@@ -71,28 +77,28 @@ def _interpreter_env(monkeypatch):
 
 
 def rand(*shape, seed=0, dtype=torch.float32, scale=1.0):
-    gen = torch.Generator().manual_seed(seed)
-    return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale).to(dtype).to(DEVICE)
+    """conftest's seeded normal tensor, float32 by default, on the device the kernel runs on."""
+    return _rand(*shape, seed=seed, dtype=dtype, scale=scale).to(DEVICE)
+
+
+def key_padding(lengths, tk):
+    """``padding_mask(lengths, tk)`` -> (B, 1, 1, Tk) on the kernel's device."""
+    return padding_mask(lengths, tk).to(DEVICE)
 
 
 def reference(q, k, v, *, mask=None, causal=False, scale=None, dtype=torch.float64):
-    """attention_ref's out and the log-sum-exp of the visible scores, in `dtype`, with autograd."""
+    """attention_ref's out and conftest's masked-lse oracle, in `dtype`, with autograd.
+
+    An empty row gets lse = -inf with a zero gradient: the oracle is asked about it with every key
+    open, and the result is replaced by -inf (logsumexp of an all -inf row has a NaN gradient).
+    """
     q, k, v = (x.detach().to(dtype).requires_grad_() for x in (q, k, v))
-    B, Tq, Tk = q.shape[0], q.shape[2], k.shape[2]
-    if mask is not None and mask.dtype != torch.bool:
-        mask = padding_mask(mask.cpu(), Tk).to(q.device)  # (B, 1, 1, Tk)
-    elif mask is not None and mask.ndim == 2:
-        mask = mask[:, None, None, :]  # (B, 1, 1, Tk)
-    out, _ = attention_ref(q, k, v, mask=mask, causal=causal, scale=scale)
-    scores = (q @ k.transpose(-2, -1)) * (scale or 1 / math.sqrt(q.shape[-1]))  # (B, H, Tq, Tk)
-    visible = torch.ones_like(scores, dtype=torch.bool)
-    if mask is not None:
-        visible = visible & mask
-    if causal:
-        visible = visible & causal_mask(Tq, Tk, device=q.device)
-    has_key = visible.any(-1, keepdim=True)
-    lse = torch.logsumexp(torch.where(visible & has_key, scores, float("-inf")).where(has_key, 0.0), -1)
-    return (q, k, v), out, lse.masked_fill(~has_key[..., 0], float("-inf"))  # (B, H, Tq)
+    out = attention_ref(q, k, v, mask=mask, causal=causal, scale=scale).out
+    shape = (*q.shape[:3], k.shape[2])  # (B, H, Tq, Tk)
+    vis = visible_keys(mask, causal, shape[2], shape[3], device=q.device).expand(shape)
+    has_key = vis.any(-1)  # (B, H, Tq)
+    lse = lse_ref(q, k, vis | ~has_key[..., None], scale=scale).masked_fill(~has_key, NEG_INF)
+    return (q, k, v), out, lse
 
 
 def loss(out, lse, seed=1):
@@ -118,19 +124,18 @@ def delta_rounding(q, k, v, scale=None):
 def run_and_compare(q, k, v, *, mask=None, causal=False, scale=None, blocks=None, grad_step=None):
     """Kernel vs float64 reference by the FlashAttention rule, for out, lse, dq, dk, dv."""
     q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
-    out, lse = tf._attention(q, k, v, mask=mask, causal=causal, scale=scale, blocks=blocks)
-    loss(out, lse).backward()
+    res = tf._attention_triton(q, k, v, mask, causal, scale or 1 / math.sqrt(q.shape[-1]), blocks)
+    assert res.weights is None and res.lse.dtype == torch.float32 and res.lse.shape == q.shape[:3]
+    loss(res.out, res.lse).backward()
     results = {}
     for dtype in (torch.float64, q.dtype):
         inputs, r_out, r_lse = reference(q, k, v, mask=mask, causal=causal, scale=scale, dtype=dtype)
         loss(r_out, r_lse).backward()
         results[dtype] = (r_out, r_lse, *(x.grad for x in inputs))
-    assert lse.dtype == torch.float32 and lse.shape == q.shape[:3]
-    assert torch.equal(torch.isinf(lse), torch.isinf(results[torch.float64][1]))  # same empty rows
+    assert torch.equal(torch.isinf(res.lse), torch.isinf(results[torch.float64][1]))  # same empty rows
     finite = torch.isfinite(results[torch.float64][1])
     names = ("out", "lse", "dq", "dk", "dv")
-    for i, (name, actual) in enumerate(zip(names, (out, lse, q.grad, k.grad, v.grad))):
-        assert torch.isfinite(actual[finite] if name == "lse" else actual).all(), f"{name} has NaN/inf"
+    for i, (name, actual) in enumerate(zip(names, (res.out, res.lse, q.grad, k.grad, v.grad))):
         ref64, naive = results[torch.float64][i], results[q.dtype][i]
         if name == "lse":
             actual, naive, ref64 = actual[finite], naive[finite], ref64[finite]
@@ -141,8 +146,12 @@ def run_and_compare(q, k, v, *, mask=None, causal=False, scale=None, blocks=None
             assert err <= bound, f"{name}: error {err:.3e} > {factor} x naive {base:.3e} + {grad_step[name]:.3e}"
         else:
             assert_close_to_reference(actual, naive.to(actual.dtype), ref64, factor=factor, name=name)
-    return out, lse, q.grad, k.grad, v.grad
+    return res.out, res.lse, q.grad, k.grad, v.grad
 
+
+# ---------------------------------------------------------------------------------------------
+# Against the float64 reference
+# ---------------------------------------------------------------------------------------------
 
 CASES = {  # B, H, Tq, Tk, D, Dv, causal, (BLOCK_Q, BLOCK_K) or None for the default tile
     "tail-tiles": (2, 2, 37, 37, 24, 24, False, None),
@@ -160,33 +169,46 @@ CASES = {  # B, H, Tq, Tk, D, Dv, causal, (BLOCK_Q, BLOCK_K) or None for the def
 def test_matches_float64_reference(case):
     B, H, Tq, Tk, D, Dv, causal, blocks = case
     q, k, v = rand(B, H, Tq, D, seed=1), rand(B, H, Tk, D, seed=2), rand(B, H, Tk, Dv, seed=3)
-    run_and_compare(q, k, v, causal=causal, blocks=blocks)
+    # Causal row 0 sees key 0 only: a one-hot softmax row, where the naive backward is exact by luck.
+    run_and_compare(q, k, v, causal=causal, blocks=blocks, grad_step=delta_rounding(q, k, v) if causal else None)
 
 
 @needs_kernel
 @pytest.mark.parametrize("causal", [False, True])
-def test_key_padding_forms_agree_and_empty_rows_are_zero(causal):
+def test_key_padding_and_empty_rows_get_zero_output_and_gradients(causal):
     B, H, Tq, Tk, D = 3, 2, 20, 19, 16
     q, k, v = rand(B, H, Tq, D, seed=4), rand(B, H, Tk, D, seed=5), rand(B, H, Tk, D, seed=6)
-    lengths = torch.tensor([19, 0, 7], device=DEVICE)  # batch row 1 has no real key at all
-    forms = [lengths, padding_mask(lengths.cpu(), Tk).to(DEVICE), padding_mask(lengths.cpu(), Tk)[:, 0, 0].to(DEVICE)]
-    out, lse, dq, dk, dv = run_and_compare(q, k, v, mask=forms[0], causal=causal)
-    assert torch.equal(out[1], torch.zeros_like(out[1])) and torch.all(lse[1] == float("-inf"))
+    mask = key_padding([19, 0, 7], Tk)  # batch row 1 has no real key at all
+    out, lse, dq, dk, dv = run_and_compare(q, k, v, mask=mask, causal=causal)
+    assert torch.equal(out[1], torch.zeros_like(out[1])) and torch.all(lse[1] == NEG_INF)
     for grad in (dq[1], dk[1], dv[1], dk[2, :, 7:], dv[2, :, 7:]):  # empty rows, padded keys: zero gradients
         assert torch.equal(grad, torch.zeros_like(grad))
-    for form in forms[1:]:
-        out2, lse2 = tf.attention_triton(q, k, v, mask=form, causal=causal)
-        assert torch.equal(out2, out) and torch.equal(lse2, lse)
+
+
+@needs_kernel
+def test_every_key_padding_mask_form_gives_the_same_result():
+    # One key pattern per head, written in every form that broadcasts to (B, H, Tq, Tk) with query dim 1.
+    B, H, Tq, Tk, D = 2, 2, 17, 18, 16
+    q, k, v = rand(B, H, Tq, D, seed=1), rand(B, H, Tk, D, seed=2), rand(B, H, Tk, D, seed=3)
+    keys = torch.arange(Tk, device=DEVICE) % 3 != 1  # (Tk,)
+    full = tf.attention_triton(q, k, v, mask=keys.expand(B, H, 1, Tk))
+    for form in (keys, keys[None], keys[None, None], keys.expand(H, 1, Tk), keys[None, None, None]):
+        res = tf.attention_triton(q, k, v, mask=form)
+        assert torch.equal(res.out, full.out) and torch.equal(res.lse, full.lse), tuple(form.shape)
+    no_mask = tf.attention_triton(q, k, v)
+    for every_key in (torch.tensor(True), torch.ones(1, 1, 1, 1, dtype=torch.bool)):  # all keys visible
+        res = tf.attention_triton(q, k, v, mask=every_key.to(DEVICE))
+        assert torch.equal(res.out, no_mask.out) and torch.equal(res.lse, no_mask.lse)
 
 
 @needs_kernel
 def test_mask_broadcast_over_keys():
     # A (B, 1, 1, 1) mask broadcasts over all keys (stride 0 inside the kernel): all or nothing per batch.
     q, k, v = rand(2, 1, 18, 16, seed=1), rand(2, 1, 18, 16, seed=2), rand(2, 1, 18, 16, seed=3)
-    out, lse = tf.attention_triton(q, k, v, mask=torch.tensor([True, False], device=DEVICE).view(2, 1, 1, 1))
-    expected, expected_lse = tf.attention_triton(q[:1], k[:1], v[:1])
-    assert torch.equal(out[:1], expected) and torch.equal(lse[:1], expected_lse)
-    assert torch.equal(out[1], torch.zeros_like(out[1])) and torch.all(lse[1] == float("-inf"))
+    res = tf.attention_triton(q, k, v, mask=torch.tensor([True, False], device=DEVICE).view(2, 1, 1, 1))
+    expected = tf.attention_triton(q[:1], k[:1], v[:1])
+    assert torch.equal(res.out[:1], expected.out) and torch.equal(res.lse[:1], expected.lse)
+    assert torch.equal(res.out[1], torch.zeros_like(res.out[1])) and torch.all(res.lse[1] == NEG_INF)
 
 
 @needs_kernel
@@ -205,7 +227,7 @@ def test_fully_masked_first_key_tile_and_per_head_masks():
 @needs_kernel
 def test_large_logits_stay_finite_and_accurate():
     # Logits near +-1e4: the softmax is (nearly) one-hot, fp32 exp would overflow without the running max.
-    B, H, Tq, Tk, D = 2, 2, 37, 29, 16
+    B, H, Tq, Tk, D = 1, 2, 37, 29, 16
     q, k, v = rand(B, H, Tq, D, seed=0, scale=3e3), rand(B, H, Tk, D, seed=1), rand(B, H, Tk, D, seed=2)
     logits = (q @ k.transpose(-2, -1)) / math.sqrt(D)
     assert logits.abs().max() > 5e3
@@ -215,85 +237,160 @@ def test_large_logits_stay_finite_and_accurate():
 
 
 @needs_kernel
-@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(B=st.integers(1, 2), H=st.integers(1, 2), Tq=st.integers(1, 40), Tk=st.integers(1, 40), D=st.integers(1, 72),
        Dv=st.integers(1, 72), causal=st.booleans(), padded=st.booleans(),
        blocks=st.sampled_from([(16, 16), (32, 16), (16, 32)]), seed=st.integers(0, 2**16))
+@example(B=1, H=1, Tq=1, Tk=1, D=1, Dv=1, causal=True, padded=False, blocks=(16, 16), seed=0).via("one key, D = 1")
+@example(B=2, H=1, Tq=33, Tk=17, D=72, Dv=3, causal=True, padded=True, blocks=(16, 16), seed=3).via(
+    "Tq > Tk causal: rows past Tk see every key; D above a power of two")
+@example(B=1, H=2, Tq=16, Tk=32, D=16, Dv=16, causal=True, padded=True, blocks=(16, 32), seed=5).via(
+    "T exactly one tile: no tail, the diagonal stage only")
 def test_random_shapes(B, H, Tq, Tk, D, Dv, causal, padded, blocks, seed):
     q, k, v = rand(B, H, Tq, D, seed=seed), rand(B, H, Tk, D, seed=seed + 1), rand(B, H, Tk, Dv, seed=seed + 2)
-    lengths = torch.randint(0, Tk + 1, (B,), generator=torch.Generator().manual_seed(seed)).to(DEVICE)
-    run_and_compare(q, k, v, mask=lengths if padded else None, causal=causal, blocks=blocks,
+    lengths = torch.randint(0, Tk + 1, (B,), generator=torch.Generator().manual_seed(seed))
+    run_and_compare(q, k, v, mask=key_padding(lengths, Tk) if padded else None, causal=causal, blocks=blocks,
                     grad_step=delta_rounding(q, k, v))  # e.g. Tk = 1: every softmax row is one-hot
 
 
 @needs_kernel
-def test_lse_is_logsumexp_of_scaled_scores():
-    q, k, v = rand(1, 2, 19, 32, seed=3), rand(1, 2, 19, 32, seed=4), rand(1, 2, 19, 32, seed=5)
-    out, lse = tf.attention_triton(q, k, v, scale=0.3)
-    expected = torch.logsumexp((q.double() @ k.double().transpose(-2, -1)) * 0.3, dim=-1)
-    assert max_abs_error(lse, expected) < 1e-5
-    assert out.dtype == q.dtype and out.shape == (1, 2, 19, 32)
-
-
-@needs_kernel
 def test_float16():
-    q, k, v = (rand(2, 2, 33, 40, seed=s, dtype=torch.float16) for s in (1, 2, 3))
-    for causal in (False, True):
-        out, *_ = run_and_compare(q, k, v, causal=causal, mask=torch.tensor([33, 20], device=DEVICE))
-        assert out.dtype == torch.float16
+    q, k, v = (rand(2, 1, 33, 40, seed=s, dtype=torch.float16) for s in (1, 2, 3))
+    out, *_ = run_and_compare(q, k, v, causal=True, mask=key_padding([33, 20], 33))
+    assert out.dtype == torch.float16
 
 
 @needs_kernel
 def test_strided_and_broadcast_inputs_match_contiguous():
-    B, H, T, D = 2, 3, 21, 16
+    B, H, T, D = 2, 2, 18, 16
     q = rand(B, T, H, D, seed=1).transpose(1, 2).requires_grad_()  # (B, H, T, D) with (B, T, H, D) strides
     k_shared = rand(B, 1, T, D, seed=2).requires_grad_()  # one key head for all heads: stride 0 over H
     v = rand(B, H, D, T, seed=3).transpose(2, 3).requires_grad_()  # the feature dim is not the fastest
-    out, lse = tf.attention_triton(q, k_shared.expand(B, H, T, D), v, causal=True)
-    loss(out, lse).backward()
+    res = tf.attention_triton(q, k_shared.expand(B, H, T, D), v, causal=True)
+    loss(res.out, res.lse).backward()
     copies = [x.detach().contiguous().requires_grad_() for x in (q, k_shared.expand(B, H, T, D), v)]
-    out2, lse2 = tf.attention_triton(*copies, causal=True)
-    loss(out2, lse2).backward()
-    torch.testing.assert_close(out, out2)
-    torch.testing.assert_close(lse, lse2)
+    res2 = tf.attention_triton(*copies, causal=True)
+    loss(res2.out, res2.lse).backward()
+    torch.testing.assert_close(res.out, res2.out)
+    torch.testing.assert_close(res.lse, res2.lse)
     torch.testing.assert_close(q.grad, copies[0].grad)
     torch.testing.assert_close(k_shared.grad, copies[1].grad.sum(1, keepdim=True))
     torch.testing.assert_close(v.grad, copies[2].grad)
 
 
 @needs_kernel
-def test_no_keys_or_no_queries():
-    q, k, v = rand(2, 1, 5, 16), rand(2, 1, 0, 16), rand(2, 1, 0, 24)
-    q.requires_grad_()
-    out, lse = tf.attention_triton(q, k, v)
-    assert out.shape == (2, 1, 5, 24) and torch.equal(out, torch.zeros_like(out))
-    assert torch.all(lse == float("-inf"))
-    out.sum().backward()
-    assert torch.equal(q.grad, torch.zeros_like(q))
-    out, lse = tf.attention_triton(rand(2, 1, 0, 16), rand(2, 1, 4, 16), rand(2, 1, 4, 16))
-    assert out.shape == (2, 1, 0, 16) and lse.shape == (2, 1, 0)
+def test_empty_batch_heads_queries_or_keys():
+    q = rand(2, 1, 5, 16).requires_grad_()
+    for causal in (False, True):  # no key at all: zeros, lse = -inf, zero gradients
+        res = tf.attention_triton(q, rand(2, 1, 0, 16), rand(2, 1, 0, 24), causal=causal)
+        assert torch.equal(res.out, torch.zeros(2, 1, 5, 24, device=DEVICE)) and torch.all(res.lse == NEG_INF)
+        res.out.sum().backward()
+        assert torch.equal(q.grad, torch.zeros_like(q))
+    for shape in ((2, 1, 0, 16), (0, 2, 5, 16), (2, 0, 5, 16)):  # no query, no batch, no head
+        x = rand(*shape)
+        res = tf.attention_triton(x, x, x, causal=True)
+        assert res.out.shape == shape and res.lse.shape == shape[:3]
 
+
+# ---------------------------------------------------------------------------------------------
+# Hidden keys never reach the output (issue 6, defect 6)
+# ---------------------------------------------------------------------------------------------
+
+def _garbage(x, where, seed):
+    """x with NaN, +inf and -inf (in turn, along the last dim) in the rows of keys where `where` (B, H, Tk)."""
+    junk = torch.tensor([float("nan"), float("inf"), float("-inf")], device=x.device)
+    junk = junk[(torch.arange(x.shape[-1], device=x.device) + seed) % 3].expand(x.shape)
+    return torch.where(where[..., None], junk, x)
+
+
+@needs_kernel
+@pytest.mark.parametrize("causal", [False, True])
+def test_hidden_keys_holding_nan_or_inf_never_reach_output_or_gradients(causal):
+    # Keys hidden from every query (padding; with causal and Tq < Tk also keys j >= Tq) hold NaN / inf
+    # in k and v. The result equals the float64 reference and, bit for bit, the kernel on clean inputs;
+    # batch row 2 sees no key at all and stays exactly 0.
+    B, H, Tq, Tk, D = 3, 2, 15, 19, 16
+    q, k, v = rand(B, H, Tq, D, seed=1), rand(B, H, Tk, D, seed=2), rand(B, H, Tk, D, seed=3)
+    mask = key_padding([19, 7, 0], Tk)
+    hidden = ~visible_keys(mask, causal, Tq, Tk, device=DEVICE).expand(B, H, Tq, Tk).any(-2)  # (B, H, Tk)
+    assert hidden[0].any() == causal and hidden[1, :, 7:].all() and hidden[2].all()
+    k_bad, v_bad = _garbage(k, hidden, 0), _garbage(v, hidden, 1)
+    results = []
+    for inputs in ((q, k_bad, v_bad), (q, k, v)):
+        leaves = [x.detach().requires_grad_() for x in inputs]
+        res = tf.attention_triton(*leaves, mask=mask, causal=causal)
+        loss(res.out, res.lse).backward()
+        results.append((res.out, res.lse, *(x.grad for x in leaves)))
+    for name, bad, clean in zip(("out", "lse", "dq", "dk", "dv"), *results):
+        assert torch.equal(bad, clean), name
+    out, lse = results[0][:2]
+    expected = attention_ref(q.double(), k_bad.double(), v_bad.double(), mask=mask, causal=causal)
+    torch.testing.assert_close(out.double(), expected.out, rtol=0, atol=1e-5)
+    torch.testing.assert_close(lse.double(), expected.lse, rtol=0, atol=1e-5)  # -inf rows included
+    assert torch.equal(out[2], torch.zeros_like(out[2]))
+
+
+@needs_kernel
+def test_visible_nan_and_inf_in_v_reach_the_output_as_in_the_reference():
+    # Causal, so row i sees keys 0..i: a NaN in key 5's value reaches rows 5.. only, +inf and -inf from
+    # two keys give NaN from the later key's row on. Everything else stays as the clean computation.
+    B, H, T, D = 1, 2, 20, 16
+    q, k, v = rand(B, H, T, D, seed=1), rand(B, H, T, D, seed=2), rand(B, H, T, 4, seed=3)
+    v[:, :, 5, 0] = float("nan")
+    v[:, :, 8, 1] = float("inf")
+    v[:, :, 3, 2], v[:, :, 12, 2] = float("inf"), float("-inf")
+    out = tf.attention_triton(q, k, v, causal=True).out
+    expected = attention_ref(q.double(), k.double(), v.double(), causal=True).out
+    for test in (torch.isnan, torch.isposinf, torch.isneginf):
+        assert torch.equal(test(out), test(expected)), test.__name__
+    assert torch.isnan(out[0, 0, :5, 0]).sum() == 0 and torch.isnan(out[0, 0, 5:, 0]).all()
+    finite = torch.isfinite(expected)
+    torch.testing.assert_close(out.double()[finite], expected[finite], rtol=0, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Gradients of gradients (issue 6, defect 5)
+# ---------------------------------------------------------------------------------------------
+
+@needs_kernel
+def test_double_backward_raises_a_clear_error():
+    q, k, v = (rand(1, 1, 8, 16, seed=s).requires_grad_() for s in (1, 2, 3))
+    message = re.escape(DOUBLE_BACKWARD_ERROR.format(fn="attention_triton"))
+    out = tf.attention_triton(q, k, v).out
+    with pytest.raises(RuntimeError, match=message):  # a gradient penalty
+        g, = torch.autograd.grad(out.sum(), q, create_graph=True)
+        (g ** 2).sum().backward()
+    with warnings.catch_warnings():  # gradgradcheck warns that the inputs are not float64
+        warnings.simplefilter("ignore", UserWarning)
+        with pytest.raises(RuntimeError, match=message):
+            torch.autograd.gradgradcheck(lambda q, k, v: tf.attention_triton(q, k, v).out, (q, k, v))
+    g, = torch.autograd.grad(tf.attention_triton(q, k, v).out.sum(), q)  # first derivatives still work
+    assert g.shape == q.shape and torch.isfinite(g).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# What the kernel serves, and errors
+# ---------------------------------------------------------------------------------------------
 
 @needs_kernel
 def test_triton_support_reasons(monkeypatch):
     q = rand(1, 2, 8, 16)
-    assert tf.triton_support(q, q, q) == (True, "")
-    assert tf.triton_support(q, q, q, mask=torch.tensor([3], device=DEVICE)) == (True, "")
+    for mask in (None, key_padding([3], 8), torch.tensor(True), torch.ones(8, dtype=torch.bool),
+                 torch.ones(1, 8, dtype=torch.bool), torch.ones(2, 1, 8, dtype=torch.bool)):
+        assert tf.triton_support(q, q, q, None if mask is None else mask.to(DEVICE)) == (True, "")
     bad = {
-        "4-D": (q[0], q[0], q[0], None),
-        "dtype": (q.double(), q.double(), q.double(), None),
+        "4-D (B, H, T, D)": (q[0], q[0], q[0], None),
+        "got dtype torch.float64": (q.double(), q.double(), q.double(), None),
         "head dim D=129": (rand(1, 2, 8, 129),) * 3 + (None,),
         "head dim Dv=0": (q, q, q[..., :0], None),
-        "same D": (q, rand(1, 2, 8, 32), rand(1, 2, 8, 32), None),
-        "only key-padding": (q, q, q, torch.zeros(1, 1, 8, 8, device=DEVICE)),  # additive float mask
+        "bool key-padding masks only, got an additive torch.float32 mask": (q, q, q, torch.zeros(8, device=DEVICE)),
+        "query dim of the mask (dim -2) must be 1, got a mask of shape (8, 8)":
+            (q, q, q, torch.ones(8, 8, dtype=torch.bool, device=DEVICE)),  # 2-D means (Tq, Tk)
+        "got a mask of shape (1, 1, 8, 8)": (q, q, q, torch.ones(1, 1, 8, 8, dtype=torch.bool, device=DEVICE)),
     }
-    shaped = {"(B, 1, Tq, Tk)": torch.ones(1, 1, 8, 8, dtype=torch.bool), "3-D": torch.ones(1, 1, 8, dtype=torch.bool),
-              "wrong Tk": torch.ones(1, 7, dtype=torch.bool), "lengths (B, 1)": torch.ones(1, 1, dtype=torch.long)}
-    for name, mask in shaped.items():
-        bad[f"only key-padding [{name}]"] = (q, q, q, mask.to(DEVICE))
     for expected, (a, b, c, mask) in bad.items():
-        ok, why = tf.triton_support(a, b, c, mask=mask)
-        assert not ok and expected.split(" [")[0] in why, (expected, why)
+        ok, why = tf.triton_support(a, b, c, mask)
+        assert not ok and expected in why, (expected, why)
     if tf._INTERPRETED:
         ok, why = tf.triton_support(q.bfloat16(), q.bfloat16(), q.bfloat16())
         assert not ok and "bfloat16" in why and "TRITON_INTERPRET" in why
@@ -303,56 +400,63 @@ def test_triton_support_reasons(monkeypatch):
     if q.device.type == "cpu":
         monkeypatch.setattr(tf, "_INTERPRETED", False)
         ok, why = tf.triton_support(q, q, q)
-        assert not ok and "CUDA" in why
+        assert not ok and "needs CUDA tensors" in why
     monkeypatch.setattr(tf, "triton", None)
     assert tf.triton_support(q, q, q) == (False, "triton is not installed (pip install attnbook[gpu])")
 
 
 @needs_kernel
-def test_bad_arguments_raise_clear_errors():
+def test_bad_arguments_raise_the_library_wide_errors():
     q = rand(1, 1, 8, 16)
-    with pytest.raises(ValueError, match="only key-padding masks are supported by the Triton backend"):
-        tf.attention_triton(q, q, q, mask=torch.zeros(1, 1, 8, 8, device=DEVICE))
-    with pytest.raises(ValueError, match=r"`mask` lengths must lie in 0..Tk=8, got \[9\]"):
-        tf.attention_triton(q, q, q, mask=torch.tensor([9], device=DEVICE))
-    with pytest.raises(TypeError, match="`causal` must be a bool"):
-        tf.attention_triton(q, q, q, causal=1)
-    with pytest.raises(ValueError, match="`scale` must be finite and positive"):
-        tf.attention_triton(q, q, q, scale=-1.0)
-    with pytest.raises(TypeError, match="`scale`"):
-        tf.attention_triton(q, q, q, scale="0.5")
-    with pytest.raises(TypeError, match="dtype"):
+    fn = "attention_triton: "
+    cases = [  # (kwargs or positional override, exception, message) - the _checks wording, prefixed
+        (dict(causal=1), TypeError, fn + "`causal` must be a bool, got 1"),
+        (dict(scale=-1.0), ValueError, fn + r"`scale` must lie in \(0, inf\), got -1.0"),
+        (dict(scale="0.5"), TypeError, fn + "`scale` must be a finite number"),
+        (dict(mask=torch.tensor([3])), TypeError, fn + "`mask` must be bool"),  # lengths: use padding_mask
+        (dict(mask=torch.ones(2, 8, dtype=torch.bool)), ValueError, fn + "`mask` of shape \\(2, 8\\) does not broadcast"),
+        (dict(mask=torch.zeros(1, 1, 1, 8)), ValueError, fn + "the Triton kernel takes bool key-padding masks only"),
+        (dict(mask=torch.ones(8, 8, dtype=torch.bool)), ValueError, fn + "the Triton kernel takes key-padding masks"),
+    ]
+    for kwargs, exc, message in cases:
+        kwargs = {key: val.to(DEVICE) if isinstance(val, torch.Tensor) else val for key, val in kwargs.items()}
+        with pytest.raises(exc, match=message):
+            tf.attention_triton(q, q, q, **kwargs)
+    with pytest.raises(TypeError, match=fn + "q, k, v must share one dtype"):
         tf.attention_triton(q, q.double(), q)
-    with pytest.raises(TypeError, match="`k` must be a torch.Tensor"):
+    with pytest.raises(TypeError, match=fn + "`k` must be a torch.Tensor, got list"):
         tf.attention_triton(q, q.tolist(), q)
-    with pytest.raises(ValueError, match=r"same D .* got q \(1, 1, 8, 16\), k \(1, 1, 8, 24\)"):
+    with pytest.raises(ValueError, match=fn + "q and k must have the same feature dim D"):
         tf.attention_triton(q, rand(1, 1, 8, 24), rand(1, 1, 8, 24))
+    with pytest.raises(TypeError, match=fn + "the Triton kernel supports float16, bfloat16 and float32"):
+        tf.attention_triton(q.double(), q.double(), q.double())
     if tf._INTERPRETED:
-        with pytest.raises(RuntimeError, match="bfloat16"):
+        with pytest.raises(RuntimeError, match=fn + "bfloat16 is not supported under TRITON_INTERPRET=1"):
             tf.attention_triton(q.bfloat16(), q.bfloat16(), q.bfloat16())
 
 
 def test_module_imports_and_reports_without_triton(monkeypatch):
     monkeypatch.setitem(sys.modules, "triton", None)  # makes `import triton` raise ImportError
-    monkeypatch.setitem(sys.modules, "triton.language", None)
-    spec = importlib.util.spec_from_file_location("_triton_flash_without_triton", tf.__file__)
+    spec = importlib.util.spec_from_file_location("attnbook._triton_flash_without_triton", tf.__file__)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    spec.loader.exec_module(module)  # relative imports resolve inside the attnbook package
+    assert module.kernels is None
     q = torch.randn(1, 1, 4, 16)
     assert module.triton_support(q, q, q) == (False, "triton is not installed (pip install attnbook[gpu])")
-    with pytest.raises(RuntimeError, match=r"pip install attnbook\[gpu\]"):
+    with pytest.raises(RuntimeError, match=r"attention_triton: triton is not installed \(pip install attnbook\[gpu\]\)"):
         module.attention_triton(q, q, q)
 
 
 # Compiles (without running) every kernel for an H100/H200-class target (sm_90) in a process without
 # TRITON_INTERPRET: type errors in loop-carried values, bad tl.dot shapes and shared memory beyond
 # the target's limit only show up in compilation, which the interpreter skips. ptxas ships with
-# triton, so no GPU is needed. Triton APIs this relies on that are missing give "SKIP".
+# triton, so no GPU is needed. Triton APIs this relies on that are missing give "SKIP". It also pins
+# what triton_kernels' docstring says of tl.exp: fp32 exponentials become the base-2 ex2.approx.
 _COMPILE_SCRIPT = r"""
 import os, sys
 os.environ.pop("TRITON_INTERPRET", None)
 import triton
-from attnbook import triton_flash as tf
+from attnbook import triton_kernels as kernels
 try:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
@@ -376,12 +480,16 @@ def compile_kernel(fn, consts, warps, stages):
             raise
         sys.exit(print("SKIP", type(exc).__name__, str(exc)[:300]))
     assert compiled.metadata.shared <= 232448, (fn.__name__, consts, compiled.metadata.shared)
+    return compiled
 for name in ("fwd", "dkdv", "dq"):
-    kernel, tuned, _ = tf._KERNELS[name]
+    kernel, tuned, _ = kernels.KERNELS[name]
     config = tuned.configs[0]  # the largest tiles of each list
     consts = dict(HAS_MASK=True, CAUSAL=True, BLOCK_D=64, BLOCK_DV=64, **config.kwargs)
-    compile_kernel(kernel, consts, config.num_warps, config.num_stages)
-compile_kernel(tf._attn_bwd_preprocess, dict(BLOCK_Q=64, BLOCK_DV=64), 4, 2)
+    if name == "dq":
+        consts["K_NONFINITE"] = True
+    compiled = compile_kernel(kernel, consts, config.num_warps, config.num_stages)
+    assert "ex2.approx" in compiled.asm["ptx"], name
+compile_kernel(kernels.attn_bwd_preprocess, dict(BLOCK_Q=64, BLOCK_DV=64), 4, 2)
 print("COMPILED")
 """
 
@@ -389,12 +497,17 @@ print("COMPILED")
 @pytest.mark.skipif(tf.triton is None, reason="triton is not installed")
 def test_kernels_compile_for_sm90_without_a_gpu():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"  # the default of triton 3.9, stated (it warns otherwise)
     result = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True, text=True,
                             timeout=300)
     if result.stdout.startswith("SKIP"):
         pytest.skip(f"this triton cannot compile ahead of time here: {result.stdout.strip()}")
     assert result.returncode == 0 and "COMPILED" in result.stdout, result.stderr[-3000:]
 
+
+# ---------------------------------------------------------------------------------------------
+# On a GPU
+# ---------------------------------------------------------------------------------------------
 
 GPU_CASES = {  # B, H, Tq, Tk, D, causal, key lengths or None
     "d64-causal-padded": (2, 4, 1000, 1000, 64, True, (1000, 300)),
@@ -414,8 +527,7 @@ def test_gpu_autotuned_kernel_matches_reference(case, dtype):
         pytest.skip("bfloat16 needs compute capability >= 8.0")
     q, k, v = rand(B, H, Tq, D, seed=1, dtype=dtype), rand(B, H, Tk, D, seed=2, dtype=dtype), rand(
         B, H, Tk, D, seed=3, dtype=dtype)
-    mask = None if lengths is None else torch.tensor(lengths, device=DEVICE)
-    run_and_compare(q, k, v, mask=mask, causal=causal)
+    run_and_compare(q, k, v, mask=None if lengths is None else key_padding(lengths, Tk), causal=causal)
 
 
 @pytest.mark.gpu
