@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnbook.attention import attention_ref
+from attnbook.reference import attention_ref
 from attnbook.efficient import (
     elu_feature_map,
     fixed_mask,
@@ -156,7 +156,7 @@ def test_linear_attention_is_not_softmax_attention():
     q, k, v = qkv(b=1, h=2, tq=50, tk=50, d=8, dv=8)
     for causal in (False, True):
         lin = linear_attention(q, k, v, causal=causal)
-        soft, _ = attention_ref(q, k, v, causal=causal)
+        soft = attention_ref(q, k, v, causal=causal).out
         torch.testing.assert_close(soft, F.scaled_dot_product_attention(q, k, v, is_causal=causal), **TOL)
         assert (lin - soft).abs().max().item() > 1e-2
 
@@ -331,7 +331,8 @@ MASKS = {
 def test_sparse_masks_in_softmax_attention(name):
     q, k, v = qkv(tq=13, tk=13, d=6, dv=5)
     mask = MASKS[name](13)
-    out, weights = attention_ref(q, k, v, mask=mask)
+    res = attention_ref(q, k, v, mask=mask)
+    out, weights = res.out, res.weights
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(6)
     manual = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
     torch.testing.assert_close(weights, manual, **TOL)
@@ -347,11 +348,11 @@ def test_sparse_masks_through_the_dispatcher(backend):
     q, k, v = qkv(b=1, h=2, tq=21, tk=21, d=4, dv=3, seed=3)
     for name, make in MASKS.items():
         mask = make(21)
-        expected, _ = attention_ref(q, k, v, mask=mask)
+        expected = attention_ref(q, k, v, mask=mask).out
         out = attnbook.attention(q, k, v, mask=mask, backend=backend)
         torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-12, msg=lambda m: f"{name}: {m}")
         causal_out = attnbook.attention(q, k, v, mask=mask, causal=True, backend=backend)
-        torch.testing.assert_close(causal_out, attention_ref(q, k, v, mask=mask, causal=True)[0], rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(causal_out, attention_ref(q, k, v, mask=mask, causal=True).out, rtol=1e-10, atol=1e-12)
 
 
 # ----------------------------------------------------------------------------- bad input

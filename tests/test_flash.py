@@ -9,54 +9,10 @@ from hypothesis import strategies as st
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnbook.flash as flash
-from attnbook.attention import attention_ref, padding_mask
+from attnbook.reference import attention_ref, padding_mask
 from attnbook.flash import attention_tiled, default_blocks, online_softmax, tile_schedule
 from attnbook.testing import assert_close_to_reference, max_abs_error, rounding_step
-
-F64 = dict(rtol=1e-10, atol=1e-10)
-NEG_INF = float("-inf")
-
-
-def rand(*shape, dtype=torch.float64, seed=0, scale=1.0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g, dtype=dtype) * scale
-
-
-def qkv(b, h, tq, tk, d, dv, *, dtype=torch.float64, seed=0, scale=1.0):
-    return (rand(b, h, tq, d, dtype=dtype, seed=seed, scale=scale),
-            rand(b, h, tk, d, dtype=dtype, seed=seed + 1, scale=scale),
-            rand(b, h, tk, dv, dtype=dtype, seed=seed + 2))
-
-
-def make_mask(kind, b, h, tq, tk, seed=0):
-    """None, a random bool mask (True = attend) or an additive float mask with some -inf."""
-    if kind is None:
-        return None
-    g = torch.Generator().manual_seed(seed + 10)
-    keep = torch.rand(b, 1, tq, tk, generator=g) > 0.3  # broadcast over heads
-    if kind == "bool":
-        return keep
-    bias = torch.randn(b, 1, tq, tk, generator=g, dtype=torch.float64)
-    return bias.masked_fill(~keep, NEG_INF)
-
-
-def lse_ref(q, k, mask=None, causal=False, scale=None):
-    """log-sum-exp of the masked scores, from the materialised matrix."""
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    s = (q @ k.transpose(-2, -1)) * scale
-    if mask is not None:
-        s = s.masked_fill(~mask, NEG_INF) if mask.dtype == torch.bool else s + mask
-    if causal:
-        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), NEG_INF)
-    return torch.logsumexp(s, -1)
-
-
-def assert_lse(lse, expected):
-    assert not torch.isnan(lse).any()
-    assert torch.equal(torch.isneginf(lse), torch.isneginf(expected))
-    fin = torch.isfinite(expected)
-    torch.testing.assert_close(lse[fin], expected[fin].to(lse.dtype), **F64)
-
+from conftest import F64_TOL as F64, NEG_INF, assert_lse, lse_ref, make_mask, qkv, rand
 
 # ---------------------------------------------------------------------------------------------
 # online_softmax
@@ -121,8 +77,9 @@ def test_tiled_matches_reference_float64(name, causal, mask_kind):
     b, h, tq, tk, d, dv, bq, bk = SHAPES[name]
     q, k, v = qkv(b, h, tq, tk, d, dv)
     mask = make_mask(mask_kind, b, h, tq, tk)
-    out, lse = attention_tiled(q, k, v, mask=mask, causal=causal, block_q=bq, block_k=bk)
-    expected, _ = attention_ref(q, k, v, mask=mask, causal=causal)
+    res = attention_tiled(q, k, v, mask=mask, causal=causal, block_q=bq, block_k=bk)
+    out, lse = res.out, res.lse
+    expected = attention_ref(q, k, v, mask=mask, causal=causal).out
     assert out.shape == (b, h, tq, dv) and lse.shape == (b, h, tq) and lse.dtype == torch.float64
     torch.testing.assert_close(out, expected, **F64)
     assert_lse(lse, lse_ref(q, k, mask, causal))
@@ -134,13 +91,13 @@ def test_tiled_matches_sdpa_math(causal):
     mask = None if causal else make_mask("bool", 2, 3, 45, 45)
     with sdpa_kernel(SDPBackend.MATH):
         expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
-    out, _ = attention_tiled(q, k, v, mask=mask, causal=causal, block_q=16, block_k=8)
+    out = attention_tiled(q, k, v, mask=mask, causal=causal, block_q=16, block_k=8).out
     torch.testing.assert_close(out, expected, **F64)
 
 
 def test_tiled_matches_sdpa_float32_default_backend_cross_attention():
     q, k, v = qkv(1, 2, 70, 130, 32, 32, dtype=torch.float32)
-    out, _ = attention_tiled(q, k, v)  # default tiles
+    out = attention_tiled(q, k, v).out  # default tiles
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v), rtol=1e-4, atol=1e-5)
 
 
@@ -148,15 +105,16 @@ def test_tiled_matches_sdpa_float32_default_backend_cross_attention():
 def test_float32_follows_flashattention_rule(causal):
     q, k, v = qkv(2, 2, 150, 150, 32, 32)
     mask = make_mask("bool", 2, 2, 150, 150)
-    ref, _ = attention_ref(q, k, v, mask=mask, causal=causal)
+    ref = attention_ref(q, k, v, mask=mask, causal=causal).out
     q32, k32, v32 = (t.float().requires_grad_() for t in (q, k, v))
-    out, lse = attention_tiled(q32, k32, v32, mask=mask, causal=causal, block_q=32, block_k=48)
-    naive, _ = attention_ref(q32, k32, v32, mask=mask, causal=causal)
+    res = attention_tiled(q32, k32, v32, mask=mask, causal=causal, block_q=32, block_k=48)
+    out, lse = res.out, res.lse
+    naive = attention_ref(q32, k32, v32, mask=mask, causal=causal).out
     assert out.dtype == torch.float32 and lse.dtype == torch.float32
     assert_close_to_reference(out, naive, ref)
     g = rand(*out.shape, seed=7)
     q64, k64, v64 = (t.clone().requires_grad_() for t in (q, k, v))
-    grads_ref = torch.autograd.grad(attention_ref(q64, k64, v64, mask=mask, causal=causal)[0], (q64, k64, v64), g)
+    grads_ref = torch.autograd.grad(attention_ref(q64, k64, v64, mask=mask, causal=causal).out, (q64, k64, v64), g)
     grads = torch.autograd.grad(out, (q32, k32, v32), g.float())
     grads_naive = torch.autograd.grad(naive, (q32, k32, v32), g.float())
     for name, a, n, r in zip("qkv", grads, grads_naive, grads_ref):
@@ -166,11 +124,12 @@ def test_float32_follows_flashattention_rule(causal):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_inputs_computed_in_float32(dtype):
     q, k, v = qkv(1, 2, 40, 40, 16, 16)
-    ref, _ = attention_ref(q, k, v, causal=True)
+    ref = attention_ref(q, k, v, causal=True).out
     qh, kh, vh = (t.to(dtype).requires_grad_() for t in (q, k, v))
-    out, lse = attention_tiled(qh, kh, vh, causal=True, block_q=16, block_k=16)
+    res = attention_tiled(qh, kh, vh, causal=True, block_q=16, block_k=16)
+    out, lse = res.out, res.lse
     assert out.dtype == dtype and lse.dtype == torch.float32
-    naive, _ = attention_ref(qh.detach(), kh.detach(), vh.detach(), causal=True)
+    naive = attention_ref(qh.detach(), kh.detach(), vh.detach(), causal=True).out
     assert_close_to_reference(out, naive, ref)
     out.float().sum().backward()
     assert qh.grad.dtype == dtype and torch.isfinite(qh.grad.float()).all()
@@ -184,13 +143,14 @@ def test_large_logits(big, dtype):
     k = rand(1, 2, 24, 8, seed=4)
     k = k / k.norm(dim=-1, keepdim=True) * math.sqrt(big * math.sqrt(8))
     v = rand(1, 2, 24, 8, seed=5)
-    ref, _ = attention_ref(q, k, v, causal=True)
+    ref = attention_ref(q, k, v, causal=True).out
     low = [t.to(dtype).requires_grad_() for t in (q, k, v)]
-    out, lse = attention_tiled(*low, causal=True, block_q=8, block_k=8)
+    res = attention_tiled(*low, causal=True, block_q=8, block_k=8)
+    out, lse = res.out, res.lse
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
     g = rand(*out.shape, seed=6)
     ref_in = [t.clone().requires_grad_() for t in (q, k, v)]
-    grads_ref = torch.autograd.grad(attention_ref(*ref_in, causal=True)[0], ref_in, g)
+    grads_ref = torch.autograd.grad(attention_ref(*ref_in, causal=True).out, ref_in, g)
     grads = torch.autograd.grad(out, low, g.to(dtype))
     if dtype == torch.float64:
         torch.testing.assert_close(out, ref, **F64)
@@ -199,7 +159,7 @@ def test_large_logits(big, dtype):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10 * big)
     else:  # float32 and float16 (computed in float32): the FlashAttention rule, gradients included
         naive_in = [t.detach().requires_grad_() for t in low]
-        naive, _ = attention_ref(*naive_in, causal=True)
+        naive = attention_ref(*naive_in, causal=True).out
         assert_close_to_reference(out, naive, ref)
         grads_naive = torch.autograd.grad(naive, naive_in, g.to(dtype))
         # A backward that recomputed P = exp(S - lse) from a float32 lse failed this for dV:
@@ -228,7 +188,8 @@ def test_fully_masked_rows_zero_output_minus_inf_lse_zero_grads():
     mask = torch.rand(2, 2, 12, 20, generator=torch.Generator().manual_seed(1)) > 0.4
     mask[0, 1, 3] = False  # an empty row
     mask[1, :, 7:] = False  # many empty rows
-    out, lse = attention_tiled(q, k, v, mask=mask, block_q=4, block_k=8)
+    res = attention_tiled(q, k, v, mask=mask, block_q=4, block_k=8)
+    out, lse = res.out, res.lse
     empty = ~mask.any(-1)  # (B, H, Tq)
     assert torch.equal(out[empty], torch.zeros_like(out[empty]))
     assert torch.isneginf(lse[empty]).all() and torch.isfinite(lse[~empty]).all()
@@ -237,7 +198,7 @@ def test_fully_masked_rows_zero_output_minus_inf_lse_zero_grads():
     for grad in (dq, dk, dv):
         assert torch.isfinite(grad).all()
     assert torch.equal(dq[empty], torch.zeros_like(dq[empty]))
-    ref_grads = torch.autograd.grad(attention_ref(q, k, v, mask=mask)[0], (q, k, v), g)
+    ref_grads = torch.autograd.grad(attention_ref(q, k, v, mask=mask).out, (q, k, v), g)
     for a, b in zip((dq, dk, dv), ref_grads):
         torch.testing.assert_close(a, b, **F64)
 
@@ -250,8 +211,9 @@ def test_fully_masked_first_key_tile_with_later_keys(mask_kind):
     keep[:, :8] = False  # the whole first key tile (block_k = 8)
     keep[:4, 8:16] = False  # rows 0-3: also the second one
     mask = keep if mask_kind == "bool" else torch.zeros(10, 24, dtype=torch.float64).masked_fill(~keep, NEG_INF)
-    out, lse = attention_tiled(q, k, v, mask=mask, block_q=4, block_k=8)
-    expected, _ = attention_ref(q, k, v, mask=mask)
+    res = attention_tiled(q, k, v, mask=mask, block_q=4, block_k=8)
+    out, lse = res.out, res.lse
+    expected = attention_ref(q, k, v, mask=mask).out
     torch.testing.assert_close(out, expected, **F64)
     assert_lse(lse, lse_ref(q, k, mask))
     g = rand(*out.shape, seed=2)
@@ -265,41 +227,46 @@ def test_mask_broadcast_forms(shape):
     q, k, v = qkv(2, 3, 12, 20, 4, 4)
     g = torch.Generator().manual_seed(5)
     mask = torch.rand(shape, generator=g) > 0.2 if shape else torch.tensor(True)
-    out, _ = attention_tiled(q, k, v, mask=mask, block_q=5, block_k=6)
-    torch.testing.assert_close(out, attention_ref(q, k, v, mask=mask)[0], **F64)
+    out = attention_tiled(q, k, v, mask=mask, block_q=5, block_k=6).out
+    torch.testing.assert_close(out, attention_ref(q, k, v, mask=mask).out, **F64)
 
 
 def test_padding_mask_and_causal_together():
     q, k, v = qkv(3, 2, 17, 17, 8, 8)
     mask = padding_mask([17, 9, 1], 17)
-    out, lse = attention_tiled(q, k, v, mask=mask, causal=True, block_q=4, block_k=4)
-    torch.testing.assert_close(out, attention_ref(q, k, v, mask=mask, causal=True)[0], **F64)
+    res = attention_tiled(q, k, v, mask=mask, causal=True, block_q=4, block_k=4)
+    out, lse = res.out, res.lse
+    torch.testing.assert_close(out, attention_ref(q, k, v, mask=mask, causal=True).out, **F64)
     assert_lse(lse, lse_ref(q, k, mask, causal=True))
 
 
 @pytest.mark.parametrize("shape", [(9, 4), (3, 9, 4), (2, 1, 3, 9, 4)])
 def test_any_leading_dims(shape):
     q, k, v = rand(*shape), rand(*shape, seed=1), rand(*shape, seed=2)
-    out, lse = attention_tiled(q, k, v, causal=True, block_q=2, block_k=4)
+    res = attention_tiled(q, k, v, causal=True, block_q=2, block_k=4)
+    out, lse = res.out, res.lse
     assert out.shape == shape and lse.shape == shape[:-1]
-    torch.testing.assert_close(out, attention_ref(q, k, v, causal=True)[0], **F64)
+    torch.testing.assert_close(out, attention_ref(q, k, v, causal=True).out, **F64)
 
 
 def test_custom_scale():
     q, k, v = qkv(1, 1, 9, 11, 4, 4)
-    out, lse = attention_tiled(q, k, v, scale=0.3, block_q=4, block_k=4)
-    torch.testing.assert_close(out, attention_ref(q, k, v, scale=0.3)[0], **F64)
+    res = attention_tiled(q, k, v, scale=0.3, block_q=4, block_k=4)
+    out, lse = res.out, res.lse
+    torch.testing.assert_close(out, attention_ref(q, k, v, scale=0.3).out, **F64)
     assert_lse(lse, lse_ref(q, k, scale=0.3))
 
 
 def test_empty_sequences():
     q, k, v = (t.requires_grad_() for t in qkv(1, 2, 4, 0, 3, 5))  # no keys at all: every row is empty
-    out, lse = attention_tiled(q, k, v, block_q=2, block_k=2)
+    res = attention_tiled(q, k, v, block_q=2, block_k=2)
+    out, lse = res.out, res.lse
     assert torch.equal(out, torch.zeros(1, 2, 4, 5, dtype=torch.float64)) and torch.isneginf(lse).all()
     out.sum().backward()
     assert torch.equal(q.grad, torch.zeros_like(q))
     q, k, v = qkv(1, 2, 0, 6, 3, 5)  # no queries
-    out, lse = attention_tiled(q, k, v, causal=True)
+    res = attention_tiled(q, k, v, causal=True)
+    out, lse = res.out, res.lse
     assert out.shape == (1, 2, 0, 5) and lse.shape == (1, 2, 0)
 
 
@@ -308,8 +275,8 @@ def test_default_blocks_rule():
     assert default_blocks(300, 9000) == (64, 512)
     assert default_blocks(4096, 4096) == (256, 512)
     q, k, v = qkv(1, 1, 800, 700, 8, 8)  # auto tiles: 256 x 512, tails of 32 and 188
-    torch.testing.assert_close(attention_tiled(q, k, v, causal=True)[0],
-                               attention_ref(q, k, v, causal=True)[0], **F64)
+    torch.testing.assert_close(attention_tiled(q, k, v, causal=True).out,
+                               attention_ref(q, k, v, causal=True).out, **F64)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -329,16 +296,17 @@ def test_default_blocks_rule():
 def test_property_tiled_equals_reference(b, h, tq, tk, d, dv, bq, bk, mask_kind, causal, dtype, seed):
     q, k, v = qkv(b, h, tq, tk, d, dv, seed=seed, scale=2.0)
     mask = make_mask(mask_kind, b, h, tq, tk, seed=seed)
-    ref, _ = attention_ref(q, k, v, mask=mask, causal=causal)
+    ref = attention_ref(q, k, v, mask=mask, causal=causal).out
     cast = (lambda t: t) if dtype == torch.float64 else (lambda t: t.float())
     mask_c = mask if mask is None or mask.dtype == torch.bool else cast(mask)
-    out, lse = attention_tiled(cast(q), cast(k), cast(v), mask=mask_c, causal=causal, block_q=bq, block_k=bk)
+    res = attention_tiled(cast(q), cast(k), cast(v), mask=mask_c, causal=causal, block_q=bq, block_k=bk)
+    out, lse = res.out, res.lse
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()
     if dtype == torch.float64:
         torch.testing.assert_close(out, ref, **F64)
         assert_lse(lse, lse_ref(q, k, mask, causal))
     else:
-        naive, _ = attention_ref(cast(q), cast(k), cast(v), mask=mask_c, causal=causal)
+        naive = attention_ref(cast(q), cast(k), cast(v), mask=mask_c, causal=causal).out
         assert_close_to_reference(out, naive, ref)
 
 
@@ -350,8 +318,8 @@ def test_property_tiled_equals_reference(b, h, tq, tk, d, dv, bq, bk, mask_kind,
 def test_property_gradients_equal_reference(tq, tk, bq, bk, mask_kind, causal, seed):
     q, k, v = (t.requires_grad_() for t in qkv(1, 2, tq, tk, 4, 3, seed=seed))
     mask = make_mask(mask_kind, 1, 2, tq, tk, seed=seed)
-    out, _ = attention_tiled(q, k, v, mask=mask, causal=causal, block_q=bq, block_k=bk)
-    ref, _ = attention_ref(q, k, v, mask=mask, causal=causal)
+    out = attention_tiled(q, k, v, mask=mask, causal=causal, block_q=bq, block_k=bk).out
+    ref = attention_ref(q, k, v, mask=mask, causal=causal).out
     g = rand(*out.shape, seed=seed + 3)
     for a, r in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
         torch.testing.assert_close(a, r, **F64)
@@ -367,7 +335,7 @@ def test_gradcheck(mask_kind, causal):
     mask = make_mask(mask_kind, 1, 2, 5, 7, seed=4)
     if mask is not None:
         mask[..., 2, :] = False if mask.dtype == torch.bool else NEG_INF  # include an empty row
-    fn = lambda q, k, v: attention_tiled(q, k, v, mask=mask, causal=causal, block_q=2, block_k=3)[0]
+    fn = lambda q, k, v: attention_tiled(q, k, v, mask=mask, causal=causal, block_q=2, block_k=3).out
     assert torch.autograd.gradcheck(fn, (q, k, v))
 
 
@@ -378,11 +346,11 @@ def test_learned_additive_mask_gets_its_gradient(shape):
     bias = rand(*shape, seed=7)
     bias[..., 0] = NEG_INF  # a hidden key: zero gradient there, never NaN
     bias.requires_grad_()
-    fn = lambda q, k, v, b: attention_tiled(q, k, v, mask=b, causal=True, block_q=2, block_k=3)[0]
+    fn = lambda q, k, v, b: attention_tiled(q, k, v, mask=b, causal=True, block_q=2, block_k=3).out
     assert torch.autograd.gradcheck(fn, (q, k, v, bias))
     g = rand(2, 2, 5, 4, seed=8)
     grads = torch.autograd.grad(fn(q, k, v, bias), (q, k, v, bias), g)
-    expected = torch.autograd.grad(attention_ref(q, k, v, mask=bias, causal=True)[0], (q, k, v, bias), g)
+    expected = torch.autograd.grad(attention_ref(q, k, v, mask=bias, causal=True).out, (q, k, v, bias), g)
     for a, r in zip(grads, expected):
         assert a.shape == r.shape and torch.isfinite(a).all()
         torch.testing.assert_close(a, r, **F64)
@@ -394,9 +362,10 @@ def test_gradients_match_autograd_through_reference(name, causal):
     b, h, tq, tk, d, dv, bq, bk = SHAPES[name]
     q, k, v = (t.requires_grad_() for t in qkv(b, h, tq, tk, d, dv))
     mask = make_mask("bool", b, h, tq, tk)
-    out, lse = attention_tiled(q, k, v, mask=mask, causal=causal, block_q=bq, block_k=bk)
+    res = attention_tiled(q, k, v, mask=mask, causal=causal, block_q=bq, block_k=bk)
+    out, lse = res.out, res.lse
     assert not lse.requires_grad  # the log-sum-exp is a by-product, not differentiable
-    ref, _ = attention_ref(q, k, v, mask=mask, causal=causal)
+    ref = attention_ref(q, k, v, mask=mask, causal=causal).out
     g = rand(*out.shape, seed=11)
     for a, r in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
         torch.testing.assert_close(a, r, **F64)
@@ -418,8 +387,8 @@ def saved_bytes(fn, t):
 
 
 def test_saved_tensors_grow_linearly_not_quadratically():
-    tiled = lambda q, k, v: attention_tiled(q, k, v, block_q=32, block_k=32)[0]
-    ref = lambda q, k, v: attention_ref(q, k, v)[0]
+    tiled = lambda q, k, v: attention_tiled(q, k, v, block_q=32, block_k=32).out
+    ref = lambda q, k, v: attention_ref(q, k, v).out
     t_small, t_big = (saved_bytes(tiled, t) for t in (64, 256))
     r_small, r_big = (saved_bytes(ref, t) for t in (64, 256))
     # q, k, v, out (1*2*T*16 floats each) and the row max m and row sum l (1*2*T each): nothing of size T^2
@@ -461,7 +430,7 @@ def test_kernel_visits_exactly_the_scheduled_tiles(monkeypatch, causal):
 
     monkeypatch.setattr(flash, "_mask_tile", spy)
     q, k, v = (t.requires_grad_() for t in qkv(1, 1, 22, 25, 4, 4))
-    out, _ = attention_tiled(q, k, v, causal=causal, block_q=4, block_k=6)
+    out = attention_tiled(q, k, v, causal=causal, block_q=4, block_k=6).out
     forward_tiles, visited[:] = list(visited), []
     out.sum().backward()
     schedule = tile_schedule(22, 25, 4, 6, causal=causal)
@@ -505,6 +474,7 @@ def test_bad_input_raises_clear_errors():
 def test_runs_on_cuda():
     q, k, v = qkv(1, 2, 70, 90, 16, 16)
     mask = make_mask("bool", 1, 2, 70, 90)
-    out, lse = attention_tiled(q.cuda(), k.cuda(), v.cuda(), mask=mask.cuda(), causal=True, block_q=16, block_k=32)
+    res = attention_tiled(q.cuda(), k.cuda(), v.cuda(), mask=mask.cuda(), causal=True, block_q=16, block_k=32)
+    out, lse = res.out, res.lse
     assert out.device.type == "cuda" and lse.device.type == "cuda"
-    torch.testing.assert_close(out.cpu(), attention_ref(q, k, v, mask=mask, causal=True)[0], **F64)
+    torch.testing.assert_close(out.cpu(), attention_ref(q, k, v, mask=mask, causal=True).out, **F64)

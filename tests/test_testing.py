@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from attnbook.attention import attention_ref
+from attnbook.reference import attention_ref
 from attnbook.testing import assert_close_to_reference, max_abs_error, relative_error, rounding_step
 
 
@@ -25,8 +25,8 @@ def test_rounding_step_uses_dtype_eps():
 def test_rule_accepts_float32_attention_and_rejects_a_wrong_one():
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 40, 16, generator=g, dtype=torch.float64) for _ in range(3))
-    ref = attention_ref(q, k, v)[0]
-    naive = attention_ref(q.float(), k.float(), v.float())[0]
+    ref = attention_ref(q, k, v).out
+    naive = attention_ref(q.float(), k.float(), v.float()).out
     assert_close_to_reference(naive.clone(), naive, ref)
     wrong = naive.clone()
     wrong[0, 0, 0] += 1e-3

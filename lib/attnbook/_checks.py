@@ -1,17 +1,30 @@
-"""Input validation shared by every attention backend.
+"""Input validation for every public function of the library (one module, one message format).
 
-Every public function in the library validates its arguments here, so that bad input gets a
-clear exception naming the argument and what was seen, instead of a deep PyTorch traceback or
-a silently wrong answer.
+Each helper raises ``TypeError`` for a value of the wrong kind and ``ValueError`` for a value of
+the right kind out of range, with the message ``"{fn}: `{name}` must be ..., got ..."``, so the
+same mistake reads the same in every module. Python and numpy scalars are treated alike
+(``numpy.int64(3)`` is an int, ``numpy.float32(0.5)`` a float; bools are neither).
 """
 from __future__ import annotations
 
+import functools
 import math
 import operator
 
+import numpy as np
 import torch
 
-__all__ = ["check_attention_args", "check_block", "check_int", "check_scale", "check_tensor", "describe"]
+__all__ = [
+    "attention_kernel",
+    "check_attention_args",
+    "check_bool",
+    "check_choice",
+    "check_float",
+    "check_int",
+    "check_scale",
+    "check_tensor",
+    "describe",
+]
 
 
 def describe(t: torch.Tensor) -> str:
@@ -31,15 +44,6 @@ def check_tensor(name: str, t, *, fn: str = "attention", min_ndim: int = 1, floa
         )
 
 
-def check_block(name: str, value, *, fn: str = "attention") -> int:
-    """Validate a tile size: a Python int >= 1 (bools are rejected)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{fn}: `{name}` must be an int >= 1, got {value!r} ({type(value).__name__})")
-    if value < 1:
-        raise ValueError(f"{fn}: `{name}` must be >= 1, got {value}")
-    return value
-
-
 def check_int(name: str, value, *, fn: str, minimum: int = 1) -> int:
     """Validate an integer argument (Python or numpy int, not bool) that must be >= ``minimum``."""
     if isinstance(value, bool):
@@ -53,15 +57,51 @@ def check_int(name: str, value, *, fn: str, minimum: int = 1) -> int:
     return value
 
 
+def check_bool(name: str, value, *, fn: str) -> bool:
+    """Validate a flag: a Python or numpy bool (not 0/1, not None)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{fn}: `{name}` must be a bool, got {value!r} ({type(value).__name__})")
+
+
+def check_float(name: str, value, *, fn: str, minimum: float | None = None, maximum: float | None = None,
+                inclusive: bool = True) -> float:
+    """Validate a finite real number (Python/numpy int or float, not bool) within optional bounds.
+
+    ``inclusive`` says whether the bounds themselves are allowed.  Returns it as a Python float.
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{fn}: `{name}` must be a finite number, got {value!r} ({type(value).__name__})")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{fn}: `{name}` must be a finite number, got {value!r}")
+    lo_bad = minimum is not None and (value < minimum if inclusive else value <= minimum)
+    hi_bad = maximum is not None and (value > maximum if inclusive else value >= maximum)
+    if lo_bad or hi_bad:
+        lo = "-inf" if minimum is None else f"{minimum:g}"
+        hi = "inf" if maximum is None else f"{maximum:g}"
+        interval = f"[{lo}, {hi}]" if inclusive else f"({lo}, {hi})"
+        raise ValueError(f"{fn}: `{name}` must lie in {interval}, got {value!r}")
+    return value
+
+
+def check_choice(name: str, value, choices, *, fn: str):
+    """Validate that ``value`` is one of ``choices`` (e.g. ``"tanh"`` among the nonlinearities)."""
+    choices = tuple(choices)
+    try:
+        ok = value in choices
+    except TypeError:  # unhashable / incomparable value
+        ok = False
+    if not ok:
+        raise ValueError(f"{fn}: `{name}` must be one of {choices}, got {value!r}")
+    return value
+
+
 def check_scale(scale, d: int, *, fn: str) -> float:
     """Resolve the softmax scale: ``1/sqrt(d)`` for None, else a finite number > 0 (as a float)."""
     if scale is None:
         return 1.0 / math.sqrt(d)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"{fn}: `scale` must be a float or None, got {scale!r}")
-    if not math.isfinite(scale) or scale <= 0:
-        raise ValueError(f"{fn}: `scale` must be finite and > 0, got {scale!r}")
-    return float(scale)
+    return check_float("scale", scale, fn=fn, minimum=0.0, inclusive=False)
 
 
 def _broadcastable(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
@@ -124,3 +164,22 @@ def check_attention_args(q, k, v, mask=None, scale=None, *, fn: str = "attention
                 f"{target} = (..., Tq, Tk)"
             )
     return check_scale(scale, q.shape[-1], fn=fn)
+
+
+def attention_kernel(kernel):
+    """Decorator for an attention kernel ``kernel(q, k, v, *, mask, causal, scale, ...)``.
+
+    The wrapper validates ``q, k, v, mask, causal, scale`` (naming the kernel in every message)
+    and calls the kernel with ``scale`` resolved to a float and ``causal`` to a bool, so the
+    kernel's body is only the mathematics. ``kernel.__wrapped__`` is the unchecked body: the
+    dispatcher, which has validated the arguments once already, calls that.
+    """
+    name = kernel.__name__
+
+    @functools.wraps(kernel)
+    def checked(q, k, v, *, mask=None, causal=False, scale=None, **options):
+        scale = check_attention_args(q, k, v, mask, scale, fn=name)
+        causal = check_bool("causal", causal, fn=name)
+        return kernel(q, k, v, mask=mask, causal=causal, scale=scale, **options)
+
+    return checked

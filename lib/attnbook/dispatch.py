@@ -1,84 +1,63 @@
 """``attnbook.attention``: one entry point for every attention backend (chapters 04 and 09).
 
-Backends, all returning the same ``out`` for the same arguments:
+The backends live in one registry, :data:`BACKENDS`: ``{name: Backend(fn, supports)}``.
+``attention``, :func:`choose_backend`, :func:`available_backends` and ``attnbook.bench`` all
+read it, so adding a backend (chapter 09's, or a reader's own) is one call to
+:func:`register_backend`. Built in, all returning the same ``out`` for the same arguments:
 
-- ``"ref"``: :func:`attnbook.attention.attention_ref`, materialises the ``Tq x Tk`` weights;
+- ``"ref"``: :func:`attnbook.reference.attention_ref`, materialises the ``Tq x Tk`` weights;
 - ``"tiled"``: :func:`attnbook.flash.attention_tiled`, exact, tile by tile, O(T) extra memory;
 - ``"triton"``: :func:`attnbook.triton_flash.attention_triton`, a fused Triton kernel (CUDA, or
   CPU under ``TRITON_INTERPRET=1``); serves ``(B, H, T, D)`` inputs with no mask or a key-padding mask;
-- ``"sdpa"``: PyTorch's ``scaled_dot_product_attention``, used as an oracle.
+- ``"sdpa"``: PyTorch's ``scaled_dot_product_attention``, used as an oracle. It keeps torch's own
+  behaviour for NaN / inf in keys and values that the mask hides (see :func:`_sdpa`); the other
+  backends never let a hidden key reach the output.
 
-``"auto"`` picks ``"triton"`` when the inputs are on a CUDA device, Triton is installed and the
-kernel supports the dtype / head dim / mask (see :func:`choose_backend`), and ``"tiled"``
-otherwise, so it never picks something that fails.
+``"auto"`` picks ``"triton"`` when the inputs are on a CUDA device and the Triton kernel supports
+them (see :func:`choose_backend`), and ``"tiled"`` otherwise, so it never picks something that
+fails. Arguments are validated once per call, here; backends receive validated arguments.
 """
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_attention_args
-from .attention import attention_ref, causal_mask
+from ._checks import check_attention_args, check_bool, check_choice
 from .flash import attention_tiled
+from .reference import attention_ref, causal_mask
 
-__all__ = ["BACKENDS", "attention", "available_backends", "choose_backend", "triton_status"]
-
-BACKENDS = ("auto", "ref", "tiled", "triton", "sdpa")
+__all__ = ["BACKENDS", "Backend", "attention", "available_backends", "choose_backend", "register_backend"]
 
 
-def _key_padding_view(mask, q):
-    """``mask`` as a 4-D ``(B|1, H|1, 1, Tk)`` bool view if it is a key-padding mask, else None.
+class Backend(NamedTuple):
+    """One registry entry.
 
-    The dispatcher's masks broadcast to ``(..., Tq, Tk)``, so a 2-D mask means ``(Tq, Tk)``; the
-    Triton kernel also reads a 2-D bool mask as ``(B, Tk)``. Normalising here removes the
-    ambiguity: only masks whose query dim is 1 are handed to the kernel, always as 4-D.
+    ``fn(q, k, v, mask, causal, scale) -> out`` receives validated arguments (``scale`` resolved
+    to a float); ``supports(q, k, v, mask) -> (ok, why)`` says whether it can serve them here.
     """
-    if mask is None:
-        return None
-    if mask.dtype != torch.bool or q.ndim != 4 or mask.ndim > 4:
-        return None
-    m = mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))
-    return m if m.shape[-2] == 1 else None
+
+    fn: Callable
+    supports: Callable
 
 
-def triton_status(q, k, v, mask=None) -> tuple[bool, str]:
-    """``(True, "")`` if the Triton kernel can serve these arguments here, else ``(False, why)``."""
-    try:
-        from . import triton_flash
-    except Exception as exc:  # pragma: no cover - import guarded inside the module itself
-        return False, f"attnbook.triton_flash could not be imported: {exc}"
-    if mask is not None and _key_padding_view(mask, q) is None:
-        return False, (
-            f"the Triton backend takes only a boolean key-padding mask broadcastable as (B, H, 1, Tk) "
-            f"on (B, H, T, D) inputs; got a {mask.dtype} mask of shape {tuple(mask.shape)}"
-        )
-    return triton_flash.triton_support(q, k, v, _key_padding_view(mask, q))
+def _always(q, k, v, mask):
+    return True, ""
 
 
-def choose_backend(q, k, v, mask=None) -> str:
-    """The backend ``"auto"`` uses: ``"triton"`` on CUDA when it can serve, else ``"tiled"``.
-
-    Raises TypeError / ValueError for arguments no backend accepts (as :func:`attention` does).
-    """
-    check_attention_args(q, k, v, mask, fn="choose_backend")
-    if q.is_cuda and triton_status(q, k, v, mask)[0]:
-        return "triton"
-    return "tiled"
+# The kernels' unchecked bodies (``__wrapped__``): attention() has validated the arguments already.
+def _ref(q, k, v, mask, causal, scale):
+    return attention_ref.__wrapped__(q, k, v, mask=mask, causal=causal, scale=scale).out
 
 
-def available_backends(q, k, v, mask=None) -> list[str]:
-    """The explicit backends that can run these arguments on this machine (a subset of ``BACKENDS``).
-
-    Raises TypeError / ValueError for arguments no backend accepts (as :func:`attention` does).
-    """
-    check_attention_args(q, k, v, mask, fn="available_backends")
-    names = ["ref", "tiled", "sdpa"]
-    if triton_status(q, k, v, mask)[0]:
-        names.insert(2, "triton")
-    return names
+def _tiled(q, k, v, mask, causal, scale):
+    return attention_tiled.__wrapped__(q, k, v, mask=mask, causal=causal, scale=scale).out
 
 
 def _sdpa(q, k, v, mask, causal, scale):
+    """PyTorch's SDPA with this library's zero policy for fully masked rows made explicit."""
     tq, tk = q.shape[-2], k.shape[-2]
     if mask is not None:  # SDPA indexes dim -2 of its mask: a (Tk,) or 0-d mask becomes (1, Tk) / (1, 1)
         mask = mask.reshape((1,) * max(0, 2 - mask.ndim) + tuple(mask.shape))
@@ -86,10 +65,7 @@ def _sdpa(q, k, v, mask, causal, scale):
     if causal and mask is not None:
         # SDPA refuses attn_mask together with is_causal: fold the causal mask in ourselves.
         cm = causal_mask(tq, tk, device=q.device)
-        if mask.dtype == torch.bool:
-            attn_mask = mask & cm
-        else:
-            attn_mask = mask.masked_fill(~cm, float("-inf"))
+        attn_mask = mask & cm if mask.dtype == torch.bool else mask.masked_fill(~cm, float("-inf"))
         causal = False
     if attn_mask is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
@@ -108,6 +84,69 @@ def _sdpa(q, k, v, mask, causal, scale):
     return out.masked_fill(~row_ok, 0.0)
 
 
+def _triton(q, k, v, mask, causal, scale):
+    from .triton_flash import attention_triton
+
+    return attention_triton(q, k, v, mask=mask, causal=causal, scale=scale).out
+
+
+def _triton_supports(q, k, v, mask):
+    try:
+        from .triton_flash import triton_support
+    except Exception as exc:  # pragma: no cover - the module guards its own triton import
+        return False, f"attnbook.triton_flash could not be imported: {exc}"
+    return triton_support(q, k, v, mask)
+
+
+BACKENDS: dict[str, Backend] = {}
+
+
+def register_backend(name: str, fn: Callable, supports: Callable | None = None) -> None:
+    """Add (or replace) a backend: ``attention(..., backend=name)`` then calls ``fn``.
+
+    Args:
+        name: a new name (not ``"auto"``).
+        fn: ``fn(q, k, v, mask, causal, scale) -> out`` on validated arguments.
+        supports: ``supports(q, k, v, mask) -> (ok, why)``; default: always supported.
+    """
+    if not isinstance(name, str) or not name or name == "auto":
+        raise ValueError(f"register_backend: `name` must be a non-empty str other than 'auto', got {name!r}")
+    for arg, f in (("fn", fn), ("supports", supports)):
+        if f is not None and not callable(f):
+            raise TypeError(f"register_backend: `{arg}` must be callable, got {type(f).__name__}")
+    BACKENDS[name] = Backend(fn, supports or _always)
+
+
+register_backend("ref", _ref)
+register_backend("tiled", _tiled)
+register_backend("triton", _triton, _triton_supports)
+register_backend("sdpa", _sdpa)
+
+
+def _choose(q, k, v, mask) -> str:
+    if q.is_cuda and BACKENDS["triton"].supports(q, k, v, mask)[0]:
+        return "triton"
+    return "tiled"
+
+
+def choose_backend(q, k, v, mask=None) -> str:
+    """The backend ``"auto"`` uses: ``"triton"`` on CUDA when it can serve, else ``"tiled"``.
+
+    Raises TypeError / ValueError for arguments no backend accepts (as :func:`attention` does).
+    """
+    check_attention_args(q, k, v, mask, fn="choose_backend")
+    return _choose(q, k, v, mask)
+
+
+def available_backends(q, k, v, mask=None) -> list[str]:
+    """The registered backends that can run these arguments on this machine, in registry order.
+
+    Raises TypeError / ValueError for arguments no backend accepts (as :func:`attention` does).
+    """
+    check_attention_args(q, k, v, mask, fn="available_backends")
+    return [name for name, b in BACKENDS.items() if b.supports(q, k, v, mask)[0]]
+
+
 def attention(q, k, v, *, mask=None, causal=False, scale=None, backend: str = "auto"):
     """Scaled dot-product attention through the chosen backend (chapter 04, eq. 10).
 
@@ -119,29 +158,21 @@ def attention(q, k, v, *, mask=None, causal=False, scale=None, backend: str = "a
             a float mask may require grad (a learned bias: "ref", "tiled", "sdpa" return its gradient).
         causal: forbid key j > query i (top-left aligned when ``Tq != Tk``).
         scale: softmax scale, default ``1/sqrt(D)``.
-        backend: ``"auto"``, ``"ref"``, ``"tiled"``, ``"triton"`` or ``"sdpa"``.
+        backend: ``"auto"`` or a name in :data:`BACKENDS` (``"ref"``, ``"tiled"``, ``"triton"``,
+            ``"sdpa"``, and any registered with :func:`register_backend`).
     Returns:
         ``out`` of shape ``(..., Tq, Dv)`` in the input dtype, differentiable in every backend.
     Raises:
         TypeError / ValueError for bad arguments (naming the argument and what was seen);
-        RuntimeError for ``backend="triton"`` where the kernel cannot serve, saying why.
+        RuntimeError for an explicit backend that cannot serve these arguments, saying why.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"attention: unknown `backend` {backend!r}; choose one of {BACKENDS}")
+    check_choice("backend", backend, ("auto", *BACKENDS), fn="attention")
     scale = check_attention_args(q, k, v, mask, scale, fn="attention")
-    if not isinstance(causal, bool):
-        raise TypeError(f"attention: `causal` must be a bool, got {causal!r}")
+    causal = check_bool("causal", causal, fn="attention")
     if backend == "auto":
-        backend = choose_backend(q, k, v, mask)
-    if backend == "ref":
-        return attention_ref(q, k, v, mask=mask, causal=causal, scale=scale)[0]
-    if backend == "tiled":
-        return attention_tiled(q, k, v, mask=mask, causal=causal, scale=scale)[0]
-    if backend == "sdpa":
-        return _sdpa(q, k, v, mask, causal, scale)
-    ok, why = triton_status(q, k, v, mask)
+        backend = _choose(q, k, v, mask)
+    entry = BACKENDS[backend]
+    ok, why = entry.supports(q, k, v, mask)
     if not ok:
-        raise RuntimeError(f"attention: backend 'triton' cannot serve these arguments: {why}")
-    from .triton_flash import attention_triton
-
-    return attention_triton(q, k, v, mask=_key_padding_view(mask, q), causal=causal, scale=scale)[0]
+        raise RuntimeError(f"attention: backend {backend!r} cannot serve these arguments: {why}")
+    return entry.fn(q, k, v, mask, causal, scale)

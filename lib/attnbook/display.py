@@ -21,6 +21,7 @@ def source_of(obj) -> tuple[str, str, int]:
     ``caption_path`` is the repository path (``lib/attnbook/flash.py``), the same wherever the
     package is installed (editable checkout, site-packages on Colab).
     """
+    obj = inspect.unwrap(obj)  # a decorated kernel: show the function the reader calls, not its wrapper
     try:
         path = Path(inspect.getsourcefile(obj)).resolve()
         lines, first = inspect.getsourcelines(obj)

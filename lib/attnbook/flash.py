@@ -8,9 +8,15 @@ and returns the log-sum-exp ``lse = m_i + log l_i``. The backward pass recompute
 which saves their sum ``lse``; keeping ``m_i`` and ``l_i`` apart keeps the recomputed ``P`` as
 exact as the forward's at large logits), so training keeps O(T) extra memory instead of O(T^2).
 
-Two implementation choices, both exact: ``q`` is pre-multiplied by ``scale * log2(e)`` so the
-kernel works in base 2 (``exp2`` is several times cheaper than ``exp`` on CPUs, the same trick
-as the Triton tutorial); ``lse`` is converted back to natural log before it is returned.
+Two implementation choices, both exact: ``q`` (and an additive mask) is pre-multiplied by
+``scale * log2(e)`` so the kernel works in base 2 (``exp2`` instead of ``exp``; it saves the
+multiplication inside every exponential); ``lse`` is converted back to natural log before it
+is returned. The Triton kernel (``triton_flash``) works in natural units with ``exp``.
+
+Masks reach the kernel in two parts: ``blocked`` (bool, True = may NOT attend: a False in a
+bool mask or a ``-inf`` in an additive one), applied with ``masked_fill`` so that a hidden key
+whose k holds NaN still scores ``-inf``; and ``bias`` (the finite additive mask in base-2 units,
+clamped to the dtype's range so that ``finfo.min`` does not overflow to ``-inf``).
 """
 from __future__ import annotations
 
@@ -18,7 +24,8 @@ import math
 
 import torch
 
-from ._checks import check_attention_args, check_block, check_int, check_tensor
+from ._checks import attention_kernel, check_bool, check_int, check_tensor
+from .reference import AttentionResult, has_nonfinite, propagate_nonfinite, visible_keys
 
 __all__ = ["attention_tiled", "default_blocks", "online_softmax", "tile_schedule"]
 
@@ -41,7 +48,7 @@ def online_softmax(x: torch.Tensor, *, block: int = 64) -> torch.Tensor:
         ``(..., N)`` in the dtype of ``x``.
     """
     check_tensor("x", x, fn="online_softmax", min_ndim=1)
-    block = check_block("block", block, fn="online_softmax")
+    block = check_int("block", block, fn="online_softmax")
     xc = x if x.dtype in (torch.float32, torch.float64) else x.float()
     m_i = torch.full(xc.shape[:-1] + (1,), NEG_INF, dtype=xc.dtype, device=xc.device)  # running max (..., 1)
     l_i = torch.zeros_like(m_i)  # running sum (..., 1)
@@ -83,11 +90,11 @@ def tile_schedule(tq: int, tk: int, block_q: int, block_k: int, *, causal: bool 
     tiles entirely above the diagonal (every key after every query) are skipped, so for
     ``Tq = Tk = n * b`` and square ``b x b`` tiles only ``n (n + 1) / 2`` remain.
     """
-    for name, val in (("tq", tq), ("tk", tk)):
-        if isinstance(val, bool) or not isinstance(val, int) or val < 0:
-            raise ValueError(f"tile_schedule: `{name}` must be an int >= 0, got {val!r}")
-    check_block("block_q", block_q, fn="tile_schedule")
-    check_block("block_k", block_k, fn="tile_schedule")
+    tq = check_int("tq", tq, fn="tile_schedule", minimum=0)
+    tk = check_int("tk", tk, fn="tile_schedule", minimum=0)
+    causal = check_bool("causal", causal, fn="tile_schedule")
+    check_int("block_q", block_q, fn="tile_schedule")
+    check_int("block_k", block_k, fn="tile_schedule")
     return [
         (i0 // block_q, j0 // block_k)
         for i0 in range(0, tq, block_q)
@@ -95,31 +102,33 @@ def tile_schedule(tq: int, tk: int, block_q: int, block_k: int, *, causal: bool 
     ]
 
 
-def _mask_tile(s, mask, lead, i0, j0, causal):
-    """Add the mask to one score tile ``s`` (G, n, m) in place; ``mask`` is bool "blocked" or additive."""
+def _mask_tile(s, masks, lead, i0, j0, causal):
+    """Mask one score tile ``s`` (G, n, m) in place: add the bias, then hide blocked keys."""
     n, m = s.shape[-2:]
-    if mask is not None:
-        tile = mask[..., i0:i0 + n, j0:j0 + m]  # broadcastable to (*lead, n, m)
-        s4 = s.view(*lead, n, m)  # (..., n, m)
-        if tile.dtype == torch.bool:
-            s4.masked_fill_(tile, NEG_INF)
-        else:
-            s4.add_(tile, alpha=LOG2E)  # additive mask, in base-2 units
+    blocked, bias = masks
+    s4 = s.view(*lead, n, m)  # (..., n, m)
+    if bias is not None:
+        s4.add_(bias[..., i0:i0 + n, j0:j0 + m])  # additive mask, in base-2 units
+    if blocked is not None:
+        s4.masked_fill_(blocked[..., i0:i0 + n, j0:j0 + m], NEG_INF)
     if causal and j0 + m - 1 > i0:  # only tiles that straddle the diagonal need the mask
         above = torch.ones(n, m, dtype=torch.bool, device=s.device).triu_(i0 - j0 + 1)  # key j > query i
         s.masked_fill_(above, NEG_INF)
 
 
-def _forward(q, k, v, mask, lead, causal, block_q, block_k):
+def _forward(q, k, v, masks, lead, causal, block_q, block_k):
     """FlashAttention-2 forward. q (G, Tq, D) pre-scaled by scale*log2(e), k (G, Tk, D), v (G, Tk, Dv).
 
-    Returns ``out`` (G, Tq, Dv) and the row statistics ``m`` (G, Tq), the row max of the base-2
-    scores, and ``l`` (G, Tq), the row sum of ``2^(S - m)``: the base-2 log-sum-exp is
-    ``m + log2(l)`` (``-inf`` for a row with no allowed key, where ``m = -inf`` and ``l = 0``).
+    Returns ``out`` (G, Tq, Dv) and the row statistics ``row_max`` (G, Tq), the row max of the
+    base-2 scores, and ``row_sum`` (G, Tq), the row sum of ``2^(S - row_max)``: the base-2
+    log-sum-exp is ``row_max + log2(row_sum)`` (``-inf`` for a row with no allowed key, where
+    ``row_max = -inf`` and ``row_sum = 0``).
     """
     g, tq, tk, dv = q.shape[0], q.shape[1], k.shape[1], v.shape[-1]
     kt = k.transpose(1, 2)  # (G, D, Tk)
-    out, m2, l = q.new_empty((g, tq, dv)), q.new_empty((g, tq)), q.new_empty((g, tq))
+    out, row_max, row_sum = q.new_zeros((g, tq, dv)), q.new_full((g, tq), NEG_INF), q.new_zeros((g, tq))
+    if g * tq * tk == 0:  # no query, no key or no (batch, head): empty rows (out = 0, lse = -inf)
+        return out, row_max, row_sum
     s_buf = q.new_empty(g * min(block_q, tq) * min(block_k, tk))  # one score tile, reused
     for i0 in range(0, tq, block_q):
         q_i = q[:, i0:i0 + block_q]  # (G, n, D)
@@ -130,7 +139,7 @@ def _forward(q, k, v, mask, lead, causal, block_q, block_k):
         for j0 in _key_starts(i0, i0 + n, tk, block_k, causal):
             kt_j, v_j = kt[:, :, j0:j0 + block_k], v[:, j0:j0 + block_k]  # (G, D, m), (G, m, Dv)
             s = torch.bmm(q_i, kt_j, out=s_buf[: g * n * kt_j.shape[-1]].view(g, n, -1))  # S_ij (G, n, m)
-            _mask_tile(s, mask, lead, i0, j0, causal)
+            _mask_tile(s, masks, lead, i0, j0, causal)
             m_new = torch.maximum(m_i, s.amax(-1, keepdim=True))  # m_i' = max(m_i, rowmax(S_ij))
             m_safe = m_new.masked_fill(m_new == NEG_INF, 0.0)  # no key yet: 2^(-inf - 0) = 0, not NaN
             alpha = torch.exp2(m_i - m_safe)  # rescales what was summed so far
@@ -139,48 +148,54 @@ def _forward(q, k, v, mask, lead, causal, block_q, block_k):
             acc.mul_(alpha).baddbmm_(p, v_j)  # acc' = alpha * acc + P_ij V_j
             m_i = m_new
         out[:, i0:i0 + n] = acc.div_(l_i.masked_fill(l_i == 0, 1.0))  # O_i = acc / l_i; empty row: 0
-        m2[:, i0:i0 + n], l[:, i0:i0 + n] = m_i.squeeze(-1), l_i.squeeze(-1)
-    return out, m2, l  # (G, Tq, Dv), (G, Tq), (G, Tq)
+        row_max[:, i0:i0 + n], row_sum[:, i0:i0 + n] = m_i.squeeze(-1), l_i.squeeze(-1)
+    return out, row_max, row_sum  # (G, Tq, Dv), (G, Tq), (G, Tq)
 
 
-def _backward(q, k, v, out, m2, l, dout, mask, lead, causal, scale, block_q, block_k, dmask=None):
+def _backward(q, k, v, out, row_max, row_sum, dout, masks, lead, causal, scale, block_q, block_k, dmask=None):
     """FlashAttention-2 backward: recompute P_ij = 2^(S_ij - m_i) / l_i tile by tile. Shapes as ``_forward``.
 
     q here is the unscaled query; returns dq, dk, dv in the compute dtype. If ``dmask`` (G, Tq, Tk)
-    is given, the score gradients dS_ij (the gradient of an additive mask) are written into it. The row max ``m`` and
-    row sum ``l`` are used apart, never as one ``lse = m + log2(l)``: at logits of 1e3 to 1e4 a
-    float32 ``lse`` is rounded by ~1e-4 to 1e-3, which ``2^(S - lse)`` would turn into a relative
-    error of that size in every recomputed P_ij, while ``S - m`` is as exact as in the forward pass.
+    is given, the score gradients dS_ij (the gradient of an additive mask) are written into it.
+    Each tile's scores are recomputed exactly as the forward computed them (S = Q K^T, then the
+    mask, then minus the row max): folding the row max into the product first would turn a row
+    soft-masked with -1e9 into large positive exponents. The row max and row sum are used
+    apart, never as one ``lse = m + log2(l)``: at logits of 1e3 to 1e4 a float32 ``lse`` is
+    rounded by ~1e-4 to 1e-3, which ``2^(S - lse)`` would turn into a relative error of that
+    size in every recomputed P_ij, while ``S - m`` is as exact as in the forward pass.
     The 1/l_i factor is folded into dO_i and D_i once per row instead of into every tile.
     """
     g, tq, tk = q.shape[0], q.shape[1], k.shape[1]
     qs = q * (scale * LOG2E)  # (G, Tq, D)
+    # dQ_i = sum_j dS_ij K_j: a hidden key has dS_ij = 0, but 0 * NaN = NaN if its k holds NaN.
+    k_for_dq = k.masked_fill(~torch.isfinite(k), 0.0) if has_nonfinite(k) else k
     kt, vt = k.transpose(1, 2), v.transpose(1, 2)  # (G, D, Tk), (G, Dv, Tk)
-    neg_m = -m2.masked_fill(m2 == NEG_INF, float("inf")).unsqueeze(-1)  # empty row: 2^(S - inf) = 0  (G, Tq, 1)
-    inv_l = torch.where(l > 0, 1.0 / l.masked_fill(l == 0, 1.0), 0.0).unsqueeze(-1)  # 1 / l_i; empty row: 0
+    empty_row = row_max == NEG_INF
+    row_max = row_max.masked_fill(empty_row, 0.0).unsqueeze(-1)  # empty row: every 2^(-inf - 0) = 0  (G, Tq, 1)
+    inv_l = torch.where(row_sum > 0, 1.0 / row_sum.masked_fill(row_sum == 0, 1.0), 0.0).unsqueeze(-1)  # 1 / l_i
     dout = dout * inv_l  # dO_i / l_i  (G, Tq, Dv)
     neg_delta = -(dout * out).sum(-1, keepdim=True)  # -D_i / l_i, D_i = rowsum(dO_i * O_i)  (G, Tq, 1)
     dq = [q.new_zeros((g, min(block_q, tq - i0), q.shape[-1])) for i0 in range(0, tq, block_q)]
     dks, dvs = [], []
     for j0 in range(0, tk, block_k):  # FA2 backward: the outer loop owns a key tile
-        k_j, kt_j, vt_j = k[:, j0:j0 + block_k], kt[:, :, j0:j0 + block_k], vt[:, :, j0:j0 + block_k]
-        m = k_j.shape[1]
+        kt_j, vt_j = kt[:, :, j0:j0 + block_k], vt[:, :, j0:j0 + block_k]
+        m = kt_j.shape[-1]
         dk_j = k.new_zeros((g, m, k.shape[-1]))  # (G, m, D)
         dv_j = v.new_zeros((g, m, v.shape[-1]))  # (G, m, Dv)
         first_q = (j0 // block_q) * block_q if causal else 0  # causal: queries i < j0 see no key here
         for i0 in range(first_q, tq, block_q):
             sl = slice(i0, i0 + block_q)
             n = dq[i0 // block_q].shape[1]
-            s = torch.baddbmm(neg_m[:, sl].expand(g, n, m), qs[:, sl], kt_j)  # S_ij - m_i (G, n, m)
-            _mask_tile(s, mask, lead, i0, j0, causal)
-            p = s.exp2_()  # l_i P_ij = 2^(S_ij - m_i), recomputed
+            s = torch.bmm(qs[:, sl], kt_j)  # S_ij (G, n, m), as in the forward
+            _mask_tile(s, masks, lead, i0, j0, causal)
+            p = s.sub_(row_max[:, sl]).exp2_()  # l_i P_ij = 2^(S_ij - m_i), recomputed
             dv_j.baddbmm_(p.transpose(1, 2), dout[:, sl])  # dV_j += (l_i P_ij)^T (dO_i / l_i) = P_ij^T dO_i
             dp = torch.baddbmm(neg_delta[:, sl].expand(g, n, m), dout[:, sl], vt_j)  # (dP_ij - D_i) / l_i
             # (dP_ij = dO_i V_j^T; the 1/l_i comes with dout, it turns 2^(S_ij - m_i) into P_ij below)
             ds = dp.mul_(p)  # dS_ij = P_ij * (dP_ij - D_i)
             if dmask is not None:
                 dmask[:, sl, j0:j0 + m] = ds  # d mask_ij = dS_ij: the mask is added to S
-            dq[i0 // block_q].baddbmm_(ds, k_j)  # dQ_i += dS_ij K_j     (times scale below)
+            dq[i0 // block_q].baddbmm_(ds, k_for_dq[:, j0:j0 + m])  # dQ_i += dS_ij K_j (times scale below)
             dk_j.baddbmm_(ds.transpose(1, 2), q[:, sl])  # dK_j += dS_ij^T Q_i   (times scale below)
         dks.append(dk_j.mul_(scale))
         dvs.append(dv_j)
@@ -198,51 +213,88 @@ def _flatten(t, dtype):
     return t.to(dtype).reshape(math.prod(t.shape[:-2]), t.shape[-2], t.shape[-1])  # (G, T, D)
 
 
+DOUBLE_BACKWARD_ERROR = (
+    "{fn}: double backward (a gradient of a gradient, create_graph=True) is not supported by this "
+    "kernel's custom backward; use backend='ref' or 'sdpa', whose backward is built from "
+    "differentiable operations"
+)
+
+
+def _split_mask(mask, tq, tk, dtype):
+    """The user's mask as the kernel's ``(blocked, bias)``, each None or viewed as (..., Tq, Tk).
+
+    ``blocked``: True = may NOT attend (a bool mask inverted, or where an additive mask is -inf);
+    ``bias``: an additive mask in base-2 units (times log2 e), -inf entries set to 0 (they are
+    blocked), clamped to the dtype's finite range: ``finfo.min * log2(e)`` would overflow to -inf
+    and turn the Hugging Face convention (a finite ``finfo.min`` mask) into a hard mask.
+    """
+    if mask is None:
+        return None, None
+    mask = mask.reshape((1,) * max(0, 2 - mask.ndim) + tuple(mask.shape))  # at least 2-D
+    if mask.dtype == torch.bool:
+        blocked, bias = ~mask, None
+    else:
+        mask = mask.detach().to(dtype)
+        hidden = torch.isneginf(mask)
+        blocked = hidden if bool(hidden.any()) else None
+        big = torch.finfo(dtype).max
+        bias = (mask.masked_fill(hidden, 0.0) * LOG2E).clamp_(-big, big)
+    view = lambda t: None if t is None else t.expand(*t.shape[:-2], tq, tk)  # noqa: E731 (stride-0 views)
+    return view(blocked), view(bias)
+
+
 class _TiledAttention(torch.autograd.Function):
-    """Custom autograd: forward saves q, k, v, out, the row max m and row sum l (and the mask);
+    """Custom autograd: forward saves q, k, v, out, the row max and row sum (and the user's mask);
     backward recomputes the tiles."""
 
     @staticmethod
     def forward(ctx, q, k, v, mask, causal, scale, block_q, block_k):
         cdt = _compute_dtype(q.dtype)
-        lead = tuple(q.shape[:-2])
+        lead, tq, tk = tuple(q.shape[:-2]), q.shape[-2], k.shape[-2]
         q3, k3, v3 = _flatten(q, cdt), _flatten(k, cdt), _flatten(v, cdt)  # (G, T, D)
-        out, m2, l = _forward(q3 * (scale * LOG2E), k3, v3, mask, lead, causal, block_q, block_k)
-        out = out.reshape(*lead, q.shape[-2], v.shape[-1])  # (..., Tq, Dv)
-        lse = ((m2 + torch.log2(l)) * LN2).reshape(*lead, q.shape[-2])  # natural log (..., Tq); empty row: -inf
-        ctx.save_for_backward(q, k, v, out, m2, l, mask)
+        masks = _split_mask(mask, tq, tk, cdt)
+        out, row_max, row_sum = _forward(q3 * (scale * LOG2E), k3, v3, masks, lead, causal, block_q, block_k)
+        out = out.reshape(*lead, tq, v.shape[-1])  # (..., Tq, Dv)
+        lse = ((row_max + torch.log2(row_sum)) * LN2).reshape(*lead, tq)  # natural log (..., Tq); empty row: -inf
+        ctx.save_for_backward(q, k, v, out, row_max, row_sum, mask)
         ctx.config = (causal, scale, block_q, block_k)
         ctx.mark_non_differentiable(lse)
         return out.to(q.dtype), lse
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, dout, _dlse):
-        q, k, v, out, m2, l, mask = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: a second derivative is being asked for
+            raise RuntimeError(DOUBLE_BACKWARD_ERROR.format(fn="attention_tiled"))
+        q, k, v, out, row_max, row_sum, mask = ctx.saved_tensors
         causal, scale, block_q, block_k = ctx.config
         cdt = out.dtype
         lead, tq, tk = tuple(q.shape[:-2]), q.shape[-2], k.shape[-2]
         # A float mask that requires grad (a learned bias): its gradient is dS, a (..., Tq, Tk) tensor.
         dmask = out.new_zeros((math.prod(lead), tq, tk)) if ctx.needs_input_grad[3] else None
-        dq, dk, dv = _backward(
-            _flatten(q, cdt), _flatten(k, cdt), _flatten(v, cdt), _flatten(out, cdt), m2, l,
-            _flatten(dout, cdt), mask, lead, causal, scale, block_q, block_k, dmask,
-        )
+        if math.prod(lead) * tq * tk == 0:  # nothing was attended: every gradient is 0
+            dq, dk, dv = q.new_zeros(q.shape), k.new_zeros(k.shape), v.new_zeros(v.shape)
+        else:
+            dq, dk, dv = _backward(
+                _flatten(q, cdt), _flatten(k, cdt), _flatten(v, cdt), _flatten(out, cdt), row_max, row_sum,
+                _flatten(dout, cdt), _split_mask(mask, tq, tk, cdt), lead, causal, scale, block_q, block_k, dmask,
+            )
         if dmask is not None:  # summed over the dims the mask was broadcast along
             dmask = dmask.reshape(*lead, tq, tk).sum_to_size(mask.shape).to(mask.dtype)
         return (dq.reshape(q.shape).to(q.dtype), dk.reshape(k.shape).to(k.dtype),
                 dv.reshape(v.shape).to(v.dtype), dmask, None, None, None, None)
 
 
-def _prepare_mask(mask, tq, tk, dtype):
-    """Bool mask -> "blocked" (True = may NOT attend); float -> compute dtype; both viewed as (..., Tq, Tk)."""
-    if mask is None:
-        return None
-    mask = mask.reshape((1,) * max(0, 2 - mask.ndim) + tuple(mask.shape))  # at least 2-D
-    mask = ~mask if mask.dtype == torch.bool else mask.to(dtype)
-    return mask.expand(*mask.shape[:-2], tq, tk)  # a view: size-1 dims get stride 0
+def propagate_nonfinite_tiled(out, v, mask, causal, block_q):
+    """:func:`propagate_nonfinite` one query tile at a time (O(block_q * Tk) memory, not O(Tq * Tk))."""
+    tq, tk = out.shape[-2], v.shape[-2]
+    return torch.cat([
+        propagate_nonfinite(out[..., i0:i0 + block_q, :], v,
+                            visible_keys(mask, causal, tq, tk, rows=slice(i0, i0 + block_q), device=out.device))
+        for i0 in range(0, tq, block_q)
+    ], dim=-2) if tq else out
 
 
+@attention_kernel
 def attention_tiled(q, k, v, *, mask=None, causal=False, scale=None, block_q=None, block_k=None):
     """Exact attention computed tile by tile with an online softmax (chapter 09; introduced in chapter 04).
 
@@ -267,17 +319,21 @@ def attention_tiled(q, k, v, *, mask=None, causal=False, scale=None, block_q=Non
         block_q, block_k: tile sizes (ints >= 1); None picks :func:`default_blocks` (256 x 512
             for long sequences: 64 x 64 tiles spend most of the time in Python overhead).
     Returns:
-        ``(out, lse)``: ``(..., Tq, Dv)`` in the input dtype and the natural-log log-sum-exp
-        ``(..., Tq)`` in the compute dtype (not differentiable). A query row with no allowed
-        key gets ``out = 0``, ``lse = -inf`` and zero gradients. First derivatives only
-        (the custom backward is ``once_differentiable``).
+        :class:`~attnbook.reference.AttentionResult` ``(out, lse, weights=None)``: ``out``
+        ``(..., Tq, Dv)`` in the input dtype and the natural-log log-sum-exp ``lse (..., Tq)``
+        in the compute dtype (not differentiable). A query row with no allowed key gets
+        ``out = 0``, ``lse = -inf`` and zero gradients; a key the mask hides never reaches the
+        output, even if its k or v holds NaN / inf. First derivatives only: a double backward
+        (``create_graph=True``) raises a RuntimeError.
+        Arguments are validated by ``@attention_kernel``, which also resolves ``scale``.
     """
-    scale = check_attention_args(q, k, v, mask, scale, fn="attention_tiled")
-    if not isinstance(causal, bool):
-        raise TypeError(f"attention_tiled: `causal` must be a bool, got {causal!r}")
     tq, tk = q.shape[-2], k.shape[-2]
     auto_q, auto_k = default_blocks(tq, tk)
-    block_q = auto_q if block_q is None else check_block("block_q", block_q, fn="attention_tiled")
-    block_k = auto_k if block_k is None else check_block("block_k", block_k, fn="attention_tiled")
-    mask = _prepare_mask(mask, tq, tk, _compute_dtype(q.dtype))
-    return _TiledAttention.apply(q, k, v, mask, causal, scale, block_q, block_k)
+    block_q = auto_q if block_q is None else check_int("block_q", block_q, fn="attention_tiled")
+    block_k = auto_k if block_k is None else check_int("block_k", block_k, fn="attention_tiled")
+    # hidden keys: weight 0 times 0, not 0 * NaN (the visible ones are put back below)
+    clean_v = v.masked_fill(~torch.isfinite(v.detach()), 0.0) if has_nonfinite(v) else v
+    out, lse = _TiledAttention.apply(q, k, clean_v, mask, causal, scale, block_q, block_k)
+    if clean_v is not v:
+        out = propagate_nonfinite_tiled(out, v, mask, causal, block_q)
+    return AttentionResult(out, lse, None)

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from attnbook.attention import (
+from attnbook.reference import (
     additive_scores,
     attention_ref,
     causal_mask,
@@ -20,12 +20,7 @@ from attnbook.attention import (
     scaled_dot_scores,
 )
 
-F64 = dict(rtol=1e-10, atol=1e-12)
-
-
-def rand(*shape, dtype=torch.float64, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g, dtype=dtype)
+from conftest import F64_TOL as F64, rand
 
 
 def test_scores_shapes_and_identities():
@@ -58,7 +53,7 @@ def test_causal_mask_top_left_like_sdpa():
     q, k, v = rand(1, 3, 4), rand(1, 5, 4, seed=1), rand(1, 5, 2, seed=2)
     with sdpa_kernel(SDPBackend.MATH):
         expected = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    torch.testing.assert_close(attention_ref(q, k, v, causal=True)[0], expected, **F64)
+    torch.testing.assert_close(attention_ref(q, k, v, causal=True).out, expected, **F64)
 
 
 def test_padding_mask_shape_and_values():
@@ -68,7 +63,8 @@ def test_padding_mask_shape_and_values():
     with pytest.raises(ValueError, match="lengths"):
         padding_mask([4], 3)
     with pytest.raises(ValueError, match="`t`"):
-        padding_mask([1], 0)
+        padding_mask([1], -1)
+    assert padding_mask([0, 0], 0).shape == (2, 1, 1, 0)  # no keys at all is legal
 
 
 def test_mask_to_additive():
@@ -80,7 +76,8 @@ def test_mask_to_additive():
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_ref_matches_sdpa_float64(causal):
     q, k, v = rand(2, 3, 7, 8), rand(2, 3, 7, 8, seed=1), rand(2, 3, 7, 5, seed=2)
-    out, w = attention_ref(q, k, v, causal=causal)
+    res = attention_ref(q, k, v, causal=causal)
+    out, w = res.out, res.weights
     with sdpa_kernel(SDPBackend.MATH):
         expected = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     torch.testing.assert_close(out, expected, **F64)
@@ -91,8 +88,8 @@ def test_bool_and_additive_masks_agree_and_follow_sdpa_polarity():
     q, k, v = rand(1, 2, 4, 8), rand(1, 2, 6, 8, seed=1), rand(1, 2, 6, 8, seed=2)
     m = rand(4, 6, seed=3) > 0
     m[:, 0] = True
-    out_b = attention_ref(q, k, v, mask=m)[0]
-    out_f = attention_ref(q, k, v, mask=mask_to_additive(m, torch.float64))[0]
+    out_b = attention_ref(q, k, v, mask=m).out
+    out_f = attention_ref(q, k, v, mask=mask_to_additive(m, torch.float64)).out
     torch.testing.assert_close(out_b, out_f, **F64)
     with sdpa_kernel(SDPBackend.MATH):
         expected = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
@@ -104,7 +101,8 @@ def test_fully_masked_row_gives_zeros_and_zero_grads():
     k, v = rand(1, 5, 4, seed=1).requires_grad_(), rand(1, 5, 4, seed=2).requires_grad_()
     m = torch.ones(3, 5, dtype=torch.bool)
     m[1] = False
-    out, w = attention_ref(q, k, v, mask=m)
+    res = attention_ref(q, k, v, mask=m)
+    out, w = res.out, res.weights
     assert torch.equal(out[0, 1], torch.zeros(4, dtype=torch.float64))
     assert torch.equal(w[0, 1], torch.zeros(5, dtype=torch.float64))
     out.sum().backward()
@@ -127,7 +125,8 @@ def test_naive_softmax_nan_vs_masked_softmax():
 def test_large_logits_are_finite():
     q = rand(1, 6, 4) * 1e4
     k, v = rand(1, 6, 4, seed=1), rand(1, 6, 4, seed=2)
-    out, w = attention_ref(q.float(), k.float(), v.float())
+    res = attention_ref(q.float(), k.float(), v.float())
+    out, w = res.out, res.weights
     assert torch.isfinite(out).all() and torch.isfinite(w).all()
 
 
@@ -137,7 +136,8 @@ def test_large_logits_are_finite():
 def test_property_matches_manual_softmax(tq, tk, d, dv, causal, seed):
     q, k, v = rand(2, tq, d, seed=seed), rand(2, tk, d, seed=seed + 1), rand(2, tk, dv, seed=seed + 2)
     m = rand(tq, tk, seed=seed + 3) > -0.5
-    out, w = attention_ref(q, k, v, mask=m, causal=causal)
+    res = attention_ref(q, k, v, mask=m, causal=causal)
+    out, w = res.out, res.weights
     allowed = m & (causal_mask(tq, tk) if causal else torch.ones(tq, tk, dtype=torch.bool))
     s = (q @ k.transpose(-1, -2)) / math.sqrt(d)
     for b in range(2):
@@ -179,8 +179,9 @@ def test_bad_mask_and_scale():
         attention_ref(q, q, q, scale=float("nan"))
     with pytest.raises(TypeError, match="`causal`"):
         attention_ref(q, q, q, causal="yes")
-    with pytest.raises(ValueError, match="tq"):
-        causal_mask(0)
+    with pytest.raises(ValueError, match="causal_mask: `tq` must be an int >= 0"):
+        causal_mask(-1)
+    assert causal_mask(0, 3).shape == (0, 3)  # no queries is legal (issue 6, defect 2)
 
 
 @pytest.mark.parametrize(
@@ -213,7 +214,9 @@ def test_numpy_ints_are_ints_and_no_keys_gives_zeros():
     assert torch.equal(causal_mask(np.int64(3)), causal_mask(3))
     assert torch.equal(padding_mask([1, 2], np.int64(3)), padding_mask([1, 2], 3))
     q = rand(2, 3, 4).requires_grad_()
-    out, w = attention_ref(q, rand(2, 0, 4), rand(2, 0, 5))  # Tk = 0: every row is empty
+    res = attention_ref(q, rand(2, 0, 4), rand(2, 0, 5))  # Tk = 0: every row is empty
+    out, w = res.out, res.weights
+    assert torch.equal(res.lse, torch.full((2, 3), float("-inf"), dtype=torch.float64))
     assert out.shape == (2, 3, 5) and w.shape == (2, 3, 0) and torch.equal(out, torch.zeros_like(out))
     out.sum().backward()
     assert torch.equal(q.grad, torch.zeros_like(q))

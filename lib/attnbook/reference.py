@@ -11,11 +11,14 @@ row-major projections ``Q = X W_Q``; boolean masks use True = may attend (the
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
-from ._checks import check_attention_args, check_int, check_scale, check_tensor
+from ._checks import attention_kernel, check_int, check_scale, check_tensor
 
 __all__ = [
+    "AttentionResult",
     "additive_scores",
     "attention_ref",
     "causal_mask",
@@ -24,8 +27,31 @@ __all__ = [
     "mask_to_additive",
     "masked_softmax",
     "padding_mask",
+    "has_nonfinite",
+    "propagate_nonfinite",
     "scaled_dot_scores",
+    "visible_keys",
 ]
+
+
+class AttentionResult(NamedTuple):
+    """What every attention kernel function returns (``attention_ref``, ``attention_tiled``,
+    ``attention_triton``), so that swapping kernels never changes the meaning of a field.
+
+    Read it by name (``res.out``, ``res.weights``): the three fields make ``out, w = ...``
+    raise instead of silently binding the wrong tensor.
+
+    Fields:
+        out: ``(..., Tq, Dv)``, in the input dtype; differentiable.
+        lse: ``(..., Tq)``, the natural-log log-sum-exp of each row of the scaled, masked scores
+            (``-inf`` for a row with no allowed key); not differentiable.
+        weights: ``(..., Tq, Tk)``, the softmax weights, only from kernels that materialise them
+            (``attention_ref``); ``None`` from the tiled and Triton kernels.
+    """
+
+    out: torch.Tensor
+    lse: torch.Tensor
+    weights: torch.Tensor | None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,8 +145,8 @@ def causal_mask(tq: int, tk: int | None = None, *, device=None) -> torch.Tensor:
 
     Args: tq, tk (default ``tq``).  Returns a bool tensor ``(tq, tk)``, True = may attend.
     """
-    tq = check_int("tq", tq, fn="causal_mask")
-    tk = tq if tk is None else check_int("tk", tk, fn="causal_mask")
+    tq = check_int("tq", tq, fn="causal_mask", minimum=0)
+    tk = tq if tk is None else check_int("tk", tk, fn="causal_mask", minimum=0)
     return torch.ones(tq, tk, dtype=torch.bool, device=device).tril()
 
 
@@ -130,7 +156,7 @@ def padding_mask(lengths, t: int) -> torch.Tensor:
     Args: lengths: ints or a 1-D integer tensor ``(B,)`` with ``0 <= lengths[b] <= t``; t: padded length.
     Returns a bool tensor ``(B, 1, 1, t)`` that broadcasts against ``(B, H, Tq, Tk)``.
     """
-    t = check_int("t", t, fn="padding_mask")
+    t = check_int("t", t, fn="padding_mask", minimum=0)
     try:
         lengths = torch.as_tensor(lengths)
     except (TypeError, ValueError, RuntimeError):
@@ -174,6 +200,46 @@ def masked_softmax(scores: torch.Tensor) -> torch.Tensor:
 # Reference attention
 # ---------------------------------------------------------------------------------------------
 
+def visible_keys(mask, causal: bool, tq: int, tk: int, *, rows: slice | None = None, device=None):
+    """Which keys each query may attend, as a bool tensor broadcastable to ``(..., n, Tk)``.
+
+    A key is hidden by ``False`` in a bool mask, by ``-inf`` in an additive mask, and by
+    ``causal`` (key j > query i). ``rows`` restricts the query rows (a tile of them).
+    """
+    rows = rows if rows is not None else slice(0, tq)
+    i = torch.arange(tq, device=device)[rows]  # (n,)
+    vis = torch.ones(len(i), tk, dtype=torch.bool, device=device)
+    if causal:
+        vis = torch.arange(tk, device=device)[None, :] <= i[:, None]  # (n, Tk), top-left aligned
+    if mask is not None:
+        m = mask.reshape((1,) * max(0, 2 - mask.ndim) + tuple(mask.shape))  # at least (.., 1|Tq, Tk)
+        m = m[..., rows, :] if m.shape[-2] != 1 else m
+        vis = vis & (m if m.dtype == torch.bool else ~torch.isneginf(m))
+    return vis
+
+
+def has_nonfinite(t: torch.Tensor) -> bool:
+    """True if ``t`` holds a NaN or inf (False for meta tensors, which hold no values)."""
+    return t.device.type != "meta" and not bool(torch.isfinite(t.detach()).all())  # detach: isfinite would save t
+
+
+def propagate_nonfinite(out, v, visible):
+    """Give ``out`` the inf / NaN that visible non-finite entries of ``v`` put there.
+
+    The kernels multiply by ``v`` with its non-finite entries set to 0, so that a hidden key
+    (weight exactly 0) holding NaN / inf never reaches the output (0 * NaN would be NaN). This puts
+    back what the maths gives for the visible ones: out[i, c] is NaN if a visible key has NaN in
+    column c or both +inf and -inf, else +inf / -inf if one has that. Only called when ``v`` has a
+    non-finite entry. ``visible``: bool ``(..., n, Tk)`` for the rows of ``out`` ``(..., n, Dv)``.
+    """
+    vis = visible.to(out.dtype)
+    hits = [torch.matmul(vis, cond.to(out.dtype)) > 0 for cond in (v.isnan(), v == float("inf"), v == float("-inf"))]
+    nan, pos, neg = hits
+    out = out.masked_fill(pos, float("inf")).masked_fill(neg, float("-inf"))
+    return out.masked_fill(nan | (pos & neg), float("nan"))
+
+
+@attention_kernel
 def attention_ref(q, k, v, *, mask=None, causal=False, scale=None):
     """Scaled dot-product attention, materialised (chapter 04, eq. 10).
 
@@ -186,18 +252,24 @@ def attention_ref(q, k, v, *, mask=None, causal=False, scale=None):
         causal: also forbid key j > query i (top-left aligned).
         scale: softmax scale, default ``1/sqrt(D)``.
     Returns:
-        ``(out, weights)``: ``(..., Tq, Dv)`` and ``(..., Tq, Tk)``; rows with no allowed key are 0.
+        :class:`AttentionResult` ``(out, lse, weights)``: ``out (..., Tq, Dv)``, the row
+        log-sum-exp ``lse (..., Tq)`` and ``weights (..., Tq, Tk)``. A row with no allowed key
+        has ``out = 0``, ``weights = 0`` and ``lse = -inf``. A key the mask hides never reaches
+        the output, even if its k or v holds NaN / inf (padding garbage).
+        Arguments are validated by ``@attention_kernel``, which also resolves ``scale``.
     """
-    scale = check_attention_args(q, k, v, mask, scale, fn="attention_ref")
-    if not isinstance(causal, bool):
-        raise TypeError(f"attention_ref: `causal` must be a bool, got {causal!r}")
+    tq, tk = q.shape[-2], k.shape[-2]
     # Scale q first: the unscaled Q K^T is 1/scale (sqrt(D)) times the logits and overflows float16's 65504
     # (-> inf -> NaN in the softmax) while logits of ~1e4 still fit.
     scores = (q * scale) @ k.transpose(-2, -1)  # (..., Tq, Tk)
-    if mask is not None:
-        scores = scores + mask_to_additive(mask, scores.dtype)
-    if causal:
-        tq, tk = q.shape[-2], k.shape[-2]
-        scores = scores.masked_fill(~causal_mask(tq, tk, device=q.device), float("-inf"))
+    if mask is not None and mask.dtype != torch.bool:
+        scores = scores + mask.to(scores.dtype)  # additive (float) mask
+    visible = visible_keys(mask, causal, tq, tk, device=q.device)  # (..., Tq, Tk)
+    # masked_fill, not "+ (-inf)": a hidden key whose k holds NaN must give -inf, not NaN + -inf = NaN.
+    scores = scores.masked_fill(~visible, float("-inf"))
     weights = masked_softmax(scores)  # (..., Tq, Tk)
-    return weights @ v, weights  # (..., Tq, Dv)
+    lse = torch.logsumexp(scores, dim=-1) if tk else scores.new_full(scores.shape[:-1], float("-inf"))
+    if not has_nonfinite(v):
+        return AttentionResult(weights @ v, lse.detach(), weights)  # (..., Tq, Dv)
+    out = weights @ v.masked_fill(~torch.isfinite(v.detach()), 0.0)  # hidden keys: weight 0 times 0, not 0 * NaN
+    return AttentionResult(propagate_nonfinite(out, v, visible), lse.detach(), weights)
