@@ -8,11 +8,14 @@ with a one-line note that the interactive version runs in Jupyter or Colab.
 from __future__ import annotations
 
 import inspect
+import io
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
+
+from ._checks import check_int, check_bool
 
 __all__ = ["explore", "is_static", "static_settings"]
 
@@ -137,6 +140,65 @@ def _make_widget(name, spec, value):
     return W.FloatSlider(value=float(value), min=lo, max=hi, step=step, description=desc, continuous_update=False)
 
 
+def _validate(fn, static, columns, controls) -> None:
+    """Every check of ``explore``'s arguments, before anything is drawn."""
+    if not callable(fn):
+        raise TypeError(f"explore: `fn` must be callable, got {type(fn).__name__}")
+    if not controls:
+        raise ValueError("explore: give at least one control, e.g. explore(fn, n=(8, 128))")
+    params = inspect.signature(fn).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    for name, spec in controls.items():
+        _check_control(name, spec)
+        if not takes_any and name not in params:
+            raise TypeError(f"explore: control `{name}` is not a parameter of fn{inspect.signature(fn)}")
+    if columns is not None:
+        check_int("columns", columns, fn="explore")
+    if static is not None:
+        if (isinstance(static, (str, Mapping)) or not isinstance(static, Sequence) or not static
+                or not all(isinstance(s, Mapping) for s in static)):
+            raise TypeError(f"explore: `static` must be a non-empty list of dicts {{control: value}}, got {static!r:.80}")
+        for s in static:
+            unknown = set(s) - set(controls)
+            if unknown:
+                raise ValueError(f"explore: static setting {s} names unknown controls {sorted(unknown)}")
+
+
+def _png(fig) -> bytes:
+    """The figure as PNG bytes (closed afterwards, so the inline backend does not show it again)."""
+    import matplotlib.pyplot as plt
+
+    if fig is None or not hasattr(fig, "savefig"):
+        raise TypeError(f"explore: `fn` must return a matplotlib Figure, got {type(fig).__name__}")
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    finally:
+        plt.close(fig)
+    return buf.getvalue()
+
+
+def _live(fn, controls):
+    """Sliders plus an Output area that shows ``fn``'s figure now and after every change.
+
+    ``ipywidgets.interactive_output`` calls ``draw`` once when it is built and again on each
+    change, with the Output widget capturing what ``draw`` displays. ``draw`` displays the
+    figure explicitly as a PNG image: ``interactive`` would only *return* the figure, which no
+    front end shows (the output stayed empty), and relying on the inline backend would depend
+    on how the kernel was started. Works with ipywidgets 7.7 (Colab) and 8.
+    """
+    import ipywidgets as W
+    from IPython.display import Image
+    from IPython.display import display as ipy_display
+
+    def draw(**values):
+        ipy_display(Image(data=_png(fn(**values)), format="png"))
+
+    kwargs = {name: _make_widget(name, spec, _default(fn, name, spec)) for name, spec in controls.items()}
+    out = W.interactive_output(draw, kwargs)
+    return W.VBox([*kwargs.values(), out])
+
+
 def explore(fn: Callable[..., object], *, static: Sequence[Mapping[str, object]] | None = None,
             columns: int | None = None, display: bool = True, **controls):
     """Explore ``fn(**values) -> Figure`` with sliders, or as static small multiples in the book.
@@ -151,57 +213,24 @@ def explore(fn: Callable[..., object], *, static: Sequence[Mapping[str, object]]
             dropdown, ``name=True/False`` a checkbox; each name must be a parameter of ``fn``.
             Defaults come from ``fn``'s signature (else the middle / first option / the bool).
     Returns:
-        None when ``display`` is true; otherwise the ``ipywidgets.interactive`` widget (live
-        kernel) or the static small-multiples Figure (``ATTNBOOK_STATIC=1`` or no ipywidgets).
+        None when ``display`` is true; otherwise the live widget (an ``ipywidgets.VBox`` of the
+        controls and the Output area that shows the figure) or the static small-multiples Figure
+        (``ATTNBOOK_STATIC=1`` or no ipywidgets).
     """
-    if not callable(fn):
-        raise TypeError(f"explore: `fn` must be callable, got {type(fn).__name__}")
-    if not controls:
-        raise ValueError("explore: give at least one control, e.g. explore(fn, n=(8, 128))")
-    params = inspect.signature(fn).parameters
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    for name, spec in controls.items():
-        _check_control(name, spec)
-        if not takes_any and name not in params:
-            raise TypeError(f"explore: control `{name}` is not a parameter of fn{inspect.signature(fn)}")
-    if columns is not None and (isinstance(columns, bool) or not isinstance(columns, int) or columns < 1):
-        raise ValueError(f"explore: `columns` must be an int >= 1 or None, got {columns!r}")
-    if static is not None and (isinstance(static, (str, Mapping)) or not isinstance(static, Sequence) or not static
-                               or not all(isinstance(s, Mapping) for s in static)):
-        raise TypeError(f"explore: `static` must be a non-empty list of dicts {{control: value}}, got {static!r:.80}")
+    _validate(fn, static, columns, controls)
+    display = check_bool("display", display, fn="explore")
     if is_static():
         settings = list(static) if static is not None else static_settings(fn, controls)
-        for s in settings:
-            unknown = set(s) - set(controls)
-            if unknown:
-                raise ValueError(f"explore: static setting {s} names unknown controls {sorted(unknown)}")
         settings = [{**{n: _default(fn, n, sp) for n, sp in controls.items()}, **s} for s in settings]
-        fig = _render_static(fn, settings, columns)
-        if not display:
-            return fig
-        from IPython.display import Markdown
-        from IPython.display import display as ipy_display
-
-        ipy_display(fig)
-        ipy_display(Markdown(STATIC_NOTE))
-        return None
-
-    import ipywidgets as W
-    import matplotlib.pyplot as plt
-
-    def draw(**values):
-        fig = fn(**values)
-        if fig is not None and hasattr(fig, "savefig"):
-            plt.close(fig)  # shown once, as interactive()'s result
-        return fig
-
-    kwargs = {name: _make_widget(name, spec, _default(fn, name, spec)) for name, spec in controls.items()}
-    widget = W.interactive(draw, **kwargs)
-    if widget.result is None:  # ipywidgets 7 (Colab) draws only on the first change: draw now
-        widget.update()
+        result = _render_static(fn, settings, columns)
+    else:
+        result = _live(fn, controls)
     if not display:
-        return widget
+        return result
+    from IPython.display import Markdown
     from IPython.display import display as ipy_display
 
-    ipy_display(widget)
+    ipy_display(result)
+    if is_static():
+        ipy_display(Markdown(STATIC_NOTE))
     return None
