@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_attention_args, check_int, check_tensor
+from ._checks import check_attention_args, check_bool, check_float, check_int, check_tensor
 
 __all__ = [
     "elu_feature_map", "fixed_mask", "global_token_mask", "linear_attention",
@@ -45,21 +45,24 @@ def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x > 0, x + 1, torch.exp(x.clamp(max=0)))  # clamp: no inf in the unused branch
 
 
-def _prepare(fn, q, k, v, mask, causal, feature_map, eps, padding_only):
-    """Validate, apply phi, and turn ``mask`` into a key mask (..., Tk) or a full mask (..., Tq, Tk)."""
+def _validate(fn, q, k, v, mask, causal, feature_map, eps) -> None:
+    """Every argument check of the linear-attention functions (``v`` may be None)."""
     if v is None:  # the denominator needs no values: validate q, k with a stand-in
         check_tensor("k", k, fn=fn, min_ndim=2)
         v = k[..., :1]
     if mask is not None:
         _bool_mask(fn, "mask", mask)
     check_attention_args(q, k, v, mask, fn=fn)
-    _flag(fn, causal)
+    check_bool("causal", causal, fn=fn)
     if q.shape[-2] < 1 or k.shape[-2] < 1:
         raise ValueError(f"{fn}: Tq and Tk must be >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < float("inf"):
-        raise ValueError(f"{fn}: `eps` must be a finite float >= 0, got {eps!r}")
+    check_float("eps", eps, fn=fn, minimum=0.0)
     if not callable(feature_map):
         raise TypeError(f"{fn}: `feature_map` must be callable, got {type(feature_map).__name__}")
+
+
+def _features(fn, q, k, feature_map):
+    """phi(q), phi(k), checked to be ``(..., T, F)`` tensors of the inputs' dtype with one F."""
     phi_q, phi_k = feature_map(q), feature_map(k)
     for name, phi, x in (("phi(q)", phi_q, q), ("phi(k)", phi_k, k)):
         if not isinstance(phi, torch.Tensor) or phi.dtype != x.dtype:
@@ -69,15 +72,27 @@ def _prepare(fn, q, k, v, mask, causal, feature_map, eps, padding_only):
                              f"{tuple(phi.shape)} from {tuple(x.shape)}")
     if phi_q.shape[-1] != phi_k.shape[-1]:
         raise ValueError(f"{fn}: phi(q) and phi(k) must share F, got {tuple(phi_q.shape)}, {tuple(phi_k.shape)}")
+    return phi_q, phi_k
+
+
+def _expand_mask(fn, mask, q, k, padding_only):
+    """``mask`` as a key mask ``(..., Tk)`` (``padding_only``) or a full mask ``(..., Tq, Tk)``."""
+    if mask is None:
+        return None
     batch, tq, tk = q.shape[:-2], q.shape[-2], k.shape[-2]
-    if mask is not None and padding_only:
+    if padding_only:
         if mask.ndim >= 2 and mask.shape[-2] != 1:
             raise ValueError(f"{fn}: `mask` must be a key-padding mask broadcastable to (..., 1, Tk), got shape "
                              f"{tuple(mask.shape)}; use linear_attention_quadratic for a general (..., Tq, Tk) mask")
-        mask = mask.expand(*batch, 1, tk)[..., 0, :]  # (..., Tk)
-    elif mask is not None:
-        mask = mask.expand(*batch, tq, tk)  # (..., Tq, Tk)
-    return phi_q, phi_k, mask
+        return mask.expand(*batch, 1, tk)[..., 0, :]  # (..., Tk)
+    return mask.expand(*batch, tq, tk)  # (..., Tq, Tk)
+
+
+def _prepare(fn, q, k, v, mask, causal, feature_map, eps, padding_only):
+    """Validate, apply phi, and shape the mask: what every linear-attention form starts with."""
+    _validate(fn, q, k, v, mask, causal, feature_map, eps)
+    phi_q, phi_k = _features(fn, q, k, feature_map)
+    return phi_q, phi_k, _expand_mask(fn, mask, q, k, padding_only)
 
 
 def _normalize(fn, num, den, has_key, eps):
@@ -213,13 +228,8 @@ def linear_attention_denominator(q, k, *, mask=None, causal=False, feature_map=e
 # Sparse attention patterns: bool (T, T) masks, True = may attend, usable as attention's `mask=`
 # ---------------------------------------------------------------------------------------------
 
-def _flag(fn: str, causal) -> None:
-    if not isinstance(causal, bool):
-        raise TypeError(f"{fn}: `causal` must be a bool, got {causal!r}")
-
-
 def _offsets(fn: str, t, device, causal) -> torch.Tensor:
-    _flag(fn, causal)
+    check_bool("causal", causal, fn=fn)
     t = check_int("t", t, fn=fn, minimum=1)
     pos = torch.arange(t, device=device)
     return pos[:, None] - pos[None, :]  # (t, t)  d_ij = i - j
@@ -321,7 +331,7 @@ def sliding_window_nnz(t, window, *, causal=False) -> int:
     With w' = min(w, t - 1): t(2w' + 1) - w'(w' + 1), or t(w' + 1) - w'(w' + 1)/2 with ``causal``
     (a band of width 2w'+1 minus the two triangles cut off at the corners; w' = t - 1 gives t^2).
     """
-    _flag("sliding_window_nnz", causal)
+    check_bool("causal", causal, fn="sliding_window_nnz")
     t = check_int("t", t, fn="sliding_window_nnz", minimum=1)
     w = min(check_int("window", window, fn="sliding_window_nnz", minimum=0), t - 1)
     return t * (w + 1) - w * (w + 1) // 2 if causal else t * (2 * w + 1) - w * (w + 1)
@@ -334,7 +344,7 @@ def strided_nnz(t, stride, *, causal=True) -> int:
     t(w' + 1) - w'(w' + 1)/2, the multiples d = m l (2 <= m <= M, M = floor((t - 1)/l)) add
     (M - 1) t - l (M(M + 1)/2 - 1). Non-causal: each d > 0 counts twice, 2 nnz_causal - t.
     """
-    _flag("strided_nnz", causal)
+    check_bool("causal", causal, fn="strided_nnz")
     t = check_int("t", t, fn="strided_nnz", minimum=1)
     l = check_int("stride", stride, fn="strided_nnz", minimum=1)
     w, m = min(l, t - 1), (t - 1) // l

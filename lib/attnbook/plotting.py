@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from ._checks import check_int
+
 __all__ = ["bar_plot", "heatmap", "hist_plot", "line_plot", "new_figure", "to_numpy"]
 
 
@@ -32,9 +34,7 @@ def new_figure(nrows: int = 1, ncols: int = 1, *, figsize=None, **kwargs):
     """``(fig, axes)`` like ``plt.subplots``, already closed in pyplot (no double display)."""
     import matplotlib.pyplot as plt
 
-    for name, n in (("nrows", nrows), ("ncols", ncols)):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"new_figure: `{name}` must be an int >= 1, got {n!r}")
+    nrows, ncols = check_int("nrows", nrows, fn="new_figure"), check_int("ncols", ncols, fn="new_figure")
     if figsize is None:
         figsize = (4.2 * ncols, 3.4 * nrows)
     fig, axes = plt.subplots(nrows, ncols, figsize=figsize, squeeze=True, **kwargs)
