@@ -1,23 +1,18 @@
-"""Tests for attnbook.bench: FLOP convention, table rows and ratios, CLI, honest CPU memory."""
-import importlib
+"""Tests for attnbook.bench: FLOP convention, rows through the backend registry, ratios, skips, CLI,
+honest CPU memory."""
+import json
 import subprocess
 import sys
 
 import pytest
 import torch
 
+import attnbook.bench as bench
+from attnbook import attention, dispatch
 from attnbook.bench import BenchConfig, attention_flops, format_table, main, run_benchmark
+from conftest import CPU_BACKENDS
 
-
-def _importable(module, attr):
-    try:
-        return hasattr(importlib.import_module(module), attr)
-    except ImportError:
-        return False
-
-
-HAS_TILED = _importable("attnbook.flash", "attention_tiled")
-CPU_BACKENDS = ["sdpa", "ref"] + (["tiled"] if HAS_TILED else [])
+QUICK = dict(device="cpu", quick=True, min_time=0.01, max_time=0.05)  # a few hundredths of a second per row
 
 
 def test_flops_follow_the_flashattention_convention():
@@ -27,24 +22,24 @@ def test_flops_follow_the_flashattention_convention():
     assert attention_flops(2, 8, 1024, 1024, 64, mode="bwd") == 2.5 * fwd
     assert attention_flops(2, 8, 1024, 1024, 64, mode="fwd+bwd") == 3.5 * fwd
     assert attention_flops(1, 1, 128, 256, 32) == 4 * 128 * 256 * 32  # cross-attention: Tq * Tk
-    with pytest.raises(ValueError, match="mode"):
+    with pytest.raises(ValueError, match="attention_flops: `mode` must be one of"):
         attention_flops(1, 1, 8, 8, 8, mode="backward")
-    with pytest.raises(ValueError, match="tq"):
+    with pytest.raises(ValueError, match="attention_flops: `tq` must be an int >= 1, got 0"):
         attention_flops(1, 1, 0, 8, 8)
 
 
 @pytest.mark.parametrize("mode", ["fwd", "bwd", "fwd+bwd"])
-def test_every_backend_has_a_row_with_positive_time_and_ratios(mode):
-    cfg = BenchConfig(device="cpu", quick=True, mode=mode, repeats=2, backends=("sdpa", "ref", "tiled", "triton"))
-    rows = run_benchmark(cfg)
-    measured = [r for r in rows if not r.get("skipped")]
-    skipped = {r["backend"]: r["skipped"] for r in rows if r.get("skipped")}
-    assert "CUDA" in skipped["triton"]
-    assert sorted({r["backend"] for r in measured}) == sorted(CPU_BACKENDS)
-    assert sorted(r["seq"] for r in measured) == sorted([64, 128] * len(CPU_BACKENDS))
+def test_every_registered_backend_has_rows_or_is_skipped_with_its_reason(mode, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the Triton kernel then declines CPU tensors
+    rows = run_benchmark(BenchConfig(mode=mode, **QUICK))  # backends=None: the whole registry
+    assert [r["backend"] for r in rows[:len(dispatch.BACKENDS)]] == sorted(dispatch.BACKENDS, key=lambda n: n != "sdpa")
+    measured = [r for r in rows if not r["skipped"]]
+    skipped = {r["backend"]: r["skipped"] for r in rows if r["skipped"]}
+    assert set(skipped) == {"triton"} and ("CUDA" in skipped["triton"] or "TRITON_INTERPRET" in skipped["triton"])
+    assert sorted(r["backend"] for r in measured) == sorted(CPU_BACKENDS * 2)
     sdpa_time = {r["seq"]: r["time_s"] for r in measured if r["backend"] == "sdpa"}
     for r in measured:
-        assert r["time_s"] > 0 and r["flops_per_s"] > 0 and r["ratio_sdpa"] > 0, r
+        assert r["time_s"] > 0 and r["runs"] >= 1, r  # timed calls (>= 4 blocks unless max_time ran out)
         assert r["ratio_sdpa"] == pytest.approx(r["time_s"] / sdpa_time[r["seq"]])
         assert r["flops"] == attention_flops(1, 2, r["seq"], r["seq"], 16, mode=mode)
         assert r["flops_per_s"] == pytest.approx(r["flops"] / r["time_s"])
@@ -54,13 +49,31 @@ def test_every_backend_has_a_row_with_positive_time_and_ratios(mode):
     assert "| backend | T | time (ms) | GFLOP/s | time / sdpa |" in table
     for name in CPU_BACKENDS:
         assert table.count(f"| {name} |") == 2
-    assert "Skipped triton" in table and f"{mode} · float32 · cpu" in table
+    assert "| triton |" not in table and f"Skipped triton: {skipped['triton']}." in table
+    assert f"{mode} · float32 · cpu" in table and "Timer.adaptive_autorange" in table
+
+
+def test_a_registered_backend_is_timed_and_its_refusals_are_skips(monkeypatch):
+    calls = []
+
+    def short_only(q, k, v, mask, causal, scale):
+        calls.append(q.shape[-2])
+        return attention(q, k, v, mask=mask, causal=causal, scale=scale, backend="sdpa")
+
+    monkeypatch.setitem(dispatch.BACKENDS, "short", dispatch.Backend(
+        short_only, lambda q, k, v, mask: (q.shape[-2] <= 64, f"T = {q.shape[-2]} > 64")))
+    rows = run_benchmark(BenchConfig(backends=("sdpa", "short"), **QUICK))
+    assert set(calls) == {64}  # timed through attention(..., backend="short"); T = 128 never called
+    short = {r["seq"]: r for r in rows if r["backend"] == "short"}
+    assert short[64]["time_s"] > 0 and short[64]["skipped"] is None
+    assert short[128]["time_s"] is None and short[128]["skipped"] == "T = 128 > 64"
+    table = format_table(rows)
+    assert "| short | 128 | skipped | — | — |" in table and "Skipped short (where marked): T = 128 > 64." in table
 
 
 def test_causal_rows_count_half_the_flops_and_threads_are_restored():
     before = torch.get_num_threads()
-    rows = run_benchmark(BenchConfig(device="cpu", quick=True, causal=(True,), backends=("sdpa", "ref"),
-                                     seqs=(48,), repeats=1, threads=1))
+    rows = run_benchmark(BenchConfig(causal=(True,), backends=("sdpa", "ref"), seqs=(48,), threads=1, **QUICK))
     assert torch.get_num_threads() == before
     assert [r["backend"] for r in rows] == ["sdpa", "ref"]
     assert all(r["flops"] == 4 * 2 * 48 * 48 * 16 / 2 and r["causal"] and r["threads"] == 1 for r in rows)
@@ -68,7 +81,7 @@ def test_causal_rows_count_half_the_flops_and_threads_are_restored():
 
 def test_cli_quick_prints_a_markdown_table():
     cmd = [sys.executable, "-m", "attnbook.bench", "--quick", "--markdown", "--device", "cpu",
-           "--backends", "sdpa", "ref", "--repeats", "2", "--threads", "1"]
+           "--backends", "sdpa", "ref", "--min-time", "0.01", "--max-time", "0.05", "--threads", "1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
@@ -84,31 +97,56 @@ def test_cpu_memory_mode_is_quadratic_for_ref_and_linear_for_tiled():
     lo, hi = 512, 2048
     rows = run_benchmark(BenchConfig(device="cpu", memory=True, seqs=(lo, hi), heads=1, dims=(64,),
                                      backends=("ref", "tiled"), jobs=2))
-    mem = {(r["backend"], r["seq"]): r["mem_bytes"] for r in rows if not r.get("skipped")}
+    mem = {(r["backend"], r["seq"]): r["mem_bytes"] for r in rows if not r["skipped"]}
     for t in (lo, hi):
         # ref holds at least one float32 T x T matrix; the subprocess's RSS must show it
         assert 1.0 <= mem["ref", t] / (4 * t * t) <= 6.0, mem
     assert 3.2 <= (mem["ref", hi] / mem["ref", lo]) ** 0.5 <= 4.8, mem
-    table = format_table(rows)
-    assert "peak extra (MiB)" in table and "MALLOC_MMAP_THRESHOLD_" in table and "time (ms)" not in table
-    if not HAS_TILED:
-        pytest.skip("attnbook.flash.attention_tiled is not available yet; ref part checked")
     assert 0 < mem["tiled", lo] and (mem["tiled", hi] / mem["tiled", lo]) ** 0.5 <= 2.2, mem
     assert mem["tiled", hi] < mem["ref", hi] / 4, mem
+    table = format_table(rows)
+    assert "peak extra (MiB)" in table and "MALLOC_MMAP_THRESHOLD_" in table and "time (ms)" not in table
 
 
-def test_bad_arguments_give_clear_errors(capsys):
-    with pytest.raises(ValueError, match="unknown backend.*flash2"):
-        run_benchmark(BenchConfig(backends=("sdpa", "flash2")))
-    with pytest.raises(ValueError, match=r"seqs \(T, --seq\) must be ints >= 1"):
-        run_benchmark(BenchConfig(seqs=(128, 0)))
-    with pytest.raises(ValueError, match="mode"):
-        run_benchmark(BenchConfig(mode="forward"))
-    with pytest.raises(ValueError, match="heads"):
-        run_benchmark(BenchConfig(heads=0))
+def test_cpu_memory_mode_skips_what_a_fresh_interpreter_cannot_run(monkeypatch):
+    # The child side: a name the fresh interpreter's registry lacks (one registered by the caller).
+    case = {"backend": "mine", "dtype": "float32", "mode": "fwd", "shape": [1, 1, 8, 4], "causal": False,
+            "threads": 1}
+    why = bench._child(case)["skipped"]
+    assert "registered in the calling process only" in why
+    # The parent side: the child's answer becomes a skipped row and a note (no real subprocess here).
+    monkeypatch.setitem(dispatch.BACKENDS, "mine", dispatch.BACKENDS["sdpa"])
+    answers = {"ref": {"extra_bytes": 4096}, "mine": {"skipped": why}}
+    answer = lambda cmd, **kw: subprocess.CompletedProcess(  # noqa: E731
+        cmd, 0, json.dumps(answers[json.loads(cmd[-1])["backend"]]), "")
+    monkeypatch.setattr(bench.subprocess, "run", answer)
+    rows = run_benchmark(BenchConfig(device="cpu", memory=True, seqs=(32,), heads=1, dims=(8,),
+                                     backends=("ref", "mine")))
+    assert rows[0]["mem_bytes"] == 4096 and rows[1]["skipped"] == why and rows[1]["mem_bytes"] is None
+    table = format_table(rows)
+    assert "| mine |" not in table and f"Skipped mine: {why}." in table
+
+
+def test_bad_arguments_give_the_library_wide_errors(capsys):
+    fn = "run_benchmark: "
+    for kwargs, exc, message in [
+        (dict(backends=("sdpa", "flash2")), ValueError, fn + "`backends` must be one of .* got 'flash2'"),
+        (dict(seqs=(128, 0)), ValueError, fn + "`seqs` must be an int >= 1, got 0"),
+        (dict(seqs=128), ValueError, fn + "`seqs` must be a non-empty sequence, got 128"),
+        (dict(mode="forward"), ValueError, fn + "`mode` must be one of"),
+        (dict(heads=0), ValueError, fn + "`heads` must be an int >= 1, got 0"),
+        (dict(heads=2.0), TypeError, fn + "`heads` must be an int >= 1"),
+        (dict(causal=(1,)), TypeError, fn + "`causal` must be a bool"),
+        (dict(min_time=0), ValueError, fn + r"`min_time` must lie in \(0, inf\)"),
+        (dict(min_time=1.0, max_time=0.5), ValueError, fn + r"`max_time` must lie in \[1, inf\]"),
+        (dict(device="tpu"), ValueError, fn + "`device` must be one of"),
+    ]:
+        with pytest.raises(exc, match=message):
+            run_benchmark(BenchConfig(**kwargs))
     with pytest.raises(ValueError, match="no measured rows"):
         format_table([{"backend": "triton", "skipped": "needs CUDA"}])
-    for argv, message in ((["--backends", "sdpa", "nope"], "unknown backend"), (["--seq", "0"], "seqs (T, --seq)")):
+    for argv, message in ((["--backends", "sdpa", "nope"], "`backends` must be one of"),
+                          (["--seq", "0"], "`seqs` must be an int >= 1")):
         with pytest.raises(SystemExit) as exc:
             main(argv)
         assert exc.value.code == 2 and message in capsys.readouterr().err
@@ -127,5 +165,6 @@ def test_help_explains_the_options(capsys):
     text = capsys.readouterr().out
     assert exc.value.code == 0
     for needle in ("Prints a Markdown table", "what is timed", "default: cuda when torch sees a GPU",
-                   "python -m attnbook.bench --quick", "--memory"):
+                   "python -m attnbook.bench --quick", "--memory", "attnbook.attention(..., backend=name)",
+                   "attnbook.dispatch.BACKENDS"):
         assert needle in text, needle
