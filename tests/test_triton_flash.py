@@ -414,7 +414,8 @@ def test_bad_arguments_raise_the_library_wide_errors():
         (dict(scale=-1.0), ValueError, fn + r"`scale` must lie in \(0, inf\), got -1.0"),
         (dict(scale="0.5"), TypeError, fn + "`scale` must be a finite number"),
         (dict(mask=torch.tensor([3])), TypeError, fn + "`mask` must be bool"),  # lengths: use padding_mask
-        (dict(mask=torch.ones(2, 8, dtype=torch.bool)), ValueError, fn + "`mask` of shape \\(2, 8\\) does not broadcast"),
+        (dict(mask=torch.ones(2, 8, dtype=torch.bool)), ValueError,
+         fn + r"`mask` of shape \(2, 8\) does not broadcast"),  # (B, Tk) is not a form: 2-D is (Tq, Tk)
         (dict(mask=torch.zeros(1, 1, 1, 8)), ValueError, fn + "the Triton kernel takes bool key-padding masks only"),
         (dict(mask=torch.ones(8, 8, dtype=torch.bool)), ValueError, fn + "the Triton kernel takes key-padding masks"),
     ]
@@ -443,7 +444,7 @@ def test_module_imports_and_reports_without_triton(monkeypatch):
     assert module.kernels is None
     q = torch.randn(1, 1, 4, 16)
     assert module.triton_support(q, q, q) == (False, "triton is not installed (pip install attnbook[gpu])")
-    with pytest.raises(RuntimeError, match=r"attention_triton: triton is not installed \(pip install attnbook\[gpu\]\)"):
+    with pytest.raises(RuntimeError, match=r"attention_triton: triton is not installed \(pip install attnbook\[gpu\]"):
         module.attention_triton(q, q, q)
 
 

@@ -65,7 +65,6 @@ import json
 import os
 import platform
 import shlex
-import statistics
 import subprocess
 import sys
 

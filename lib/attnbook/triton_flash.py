@@ -27,9 +27,9 @@ import os
 
 import torch
 
-from ._checks import check_attention_args, check_bool
+from ._checks import attention_kernel
 from .flash import DOUBLE_BACKWARD_ERROR, propagate_nonfinite_tiled
-from .reference import AttentionResult
+from .reference import AttentionResult, has_nonfinite
 
 try:
     import triton
@@ -183,7 +183,7 @@ def _backward(q, k, v, km, out, m, log_l, dout, dlse, has_mask, causal, scale, b
     fp32 = q.dtype == torch.float32
     _launch("dkdv", Tk, "BLOCK_K", B, H, blocks, fp32, q, k, v, km, dout, m, log_l, delta, dk, dv, *args, **consts)
     _launch("dq", Tq, "BLOCK_Q", B, H, blocks, fp32, q, k, v, km, dout, m, log_l, delta, dq, *args, **consts,
-            K_NONFINITE=not bool(torch.isfinite(k).all()))
+            K_NONFINITE=has_nonfinite(k))
     return dq, dk, dv
 
 
@@ -217,6 +217,7 @@ class _FlashAttention(torch.autograd.Function):
 # Public API
 # ---------------------------------------------------------------------------------------------
 
+@attention_kernel
 def attention_triton(q, k, v, *, mask=None, causal=False, scale=None):
     """Fused FlashAttention-2 (chapter 09): softmax(scale * q k^T) v over the visible keys, and its lse.
 
@@ -243,9 +244,9 @@ def attention_triton(q, k, v, *, mask=None, causal=False, scale=None):
         the kernels do not take (float64, a float mask, a mask with a query dim, D > 128);
         RuntimeError where this machine cannot run them (no triton, no CUDA, bfloat16 on an old
         GPU), with the reason :func:`triton_support` reports.
+        Arguments are validated by ``@attention_kernel``, which also resolves ``scale``; the
+        unchecked body (``attention_triton.__wrapped__``) still refuses what the kernels cannot serve.
     """
-    scale = check_attention_args(q, k, v, mask, scale, fn="attention_triton")
-    causal = check_bool("causal", causal, fn="attention_triton")
     problem = _problem(q, k, v, mask)
     if problem is not None:
         raise problem[0](f"attention_triton: {problem[1]}")
@@ -253,15 +254,15 @@ def attention_triton(q, k, v, *, mask=None, causal=False, scale=None):
 
 
 def _attention_triton(q, k, v, mask, causal, scale, blocks=None):
-    """``attention_triton`` on arguments already validated and supported (the dispatcher's entry).
+    """``attention_triton`` on arguments already validated and supported by :func:`triton_support`.
 
     ``blocks`` = (BLOCK_Q, BLOCK_K) fixes the tiles instead of autotuning them: tests use it, and
     a first-use self-check on a GPU should too (one compilation per kernel instead of one per
     autotuning config).
     """
     km, has_mask = _key_mask(mask, q.shape[0], q.shape[1], k.shape[2], q.device)
-    finite_v = torch.isfinite(v)
-    clean_v = v if bool(finite_v.all()) else v.masked_fill(~finite_v, 0.0)  # hidden keys: 0 * 0, not 0 * NaN
+    # hidden keys: weight 0 times 0, not 0 * NaN (the visible ones are put back below)
+    clean_v = v.masked_fill(~torch.isfinite(v.detach()), 0.0) if has_nonfinite(v) else v
     out, lse = _FlashAttention.apply(q, k, clean_v, km, has_mask, causal, float(scale), blocks)
     if clean_v is not v:  # visible NaN / inf of v reach the output, as the maths says
         out = propagate_nonfinite_tiled(out, v, mask, causal, _NONFINITE_ROWS)

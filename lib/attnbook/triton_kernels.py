@@ -15,17 +15,18 @@ Backward recomputes P from the saved row statistics instead of storing it (O(T) 
     dQ = scale dS K                                                     (:func:`attn_bwd_dq`)
 One program owns a key tile for dK, dV, another a query tile for dQ: no atomics anywhere.
 
-Causal work is split as in the tutorial: each kernel calls its inner loop once per stage, first
-over the tiles every row (column) of the program's tile may see in full, without the causal
-test, then over the tiles crossing the diagonal, with it; tiles entirely above the diagonal are
-never loaded. Exponentials are natural (``tl.exp``), not base 2 as in the tutorial, which folds
-log2(e) into the scale: the code then reads like the equations above (Triton lowers an fp32
-``tl.exp`` to the hardware's base-2 instruction after one multiplication anyway).
+Causal work is split as in the tutorial: each kernel calls its inner loop once per stage, over
+the tiles its own tile sees in full, without the causal test, and over the tiles crossing the
+diagonal, with it (forward and dQ: the full tiles first; dK, dV: the diagonal first); tiles
+entirely above the diagonal are never loaded. Without causal there is one stage, every tile.
+Exponentials are natural (``tl.exp``), not base 2 as in the tutorial, which folds log2(e) into
+the scale: the code then reads like the equations above (Triton lowers an fp32 ``tl.exp`` to the
+hardware's base-2 instruction after one multiplication anyway).
 
 Every tl.dot passes ``input_precision="ieee"``: float32 inputs then get true fp32 products,
 where Triton's default (TF32, 10 mantissa bits) visibly corrupts gradients; 16-bit inputs are
-unaffected. Tiles are zero-padded to BLOCK_D = BLOCK_DV = next power of two >= 16 (tl.dot's
-minimum) along the head dims.
+unaffected. Along the head dims tiles are zero-padded to BLOCK_D, BLOCK_DV: the next power of two
+>= 16 (tl.dot's minimum) of D, Dv.
 """
 import triton
 import triton.language as tl
