@@ -346,6 +346,25 @@ def test_fully_masked_row_gives_zero_heads():
             torch.testing.assert_close(res.weights[0, :, 0].sum(-1), torch.ones(2, dtype=torch.float64), **F64)
 
 
+@pytest.mark.parametrize("backend", ["ref", "tiled", "auto"])
+def test_padding_garbage_never_reaches_the_output(backend):
+    """NaN in padded key/value positions: hidden by the mask, so out and weights stay clean.
+
+    ("sdpa" keeps torch's own behaviour for hidden NaN; see attnbook.dispatch.)
+    """
+    torch.manual_seed(35)
+    mine = MultiHeadAttention(8, 2, dtype=torch.float64, backend=backend)
+    x, mem = rand(2, 3, 8), rand(2, 5, 8, seed=1)
+    mask = padding_mask([5, 3], 5)
+    clean = mine(x, mem, mask=mask)
+    mem[1, 3:] = float("nan")
+    for need_weights in (False, True):
+        dirty = mine(x, mem, mask=mask, need_weights=need_weights)
+        torch.testing.assert_close(dirty.out, clean.out, **F64)
+        if need_weights:
+            assert torch.isfinite(dirty.weights).all() and (dirty.weights[1, :, :, 3:] == 0).all()
+
+
 def test_per_head_weights_are_the_heads_softmax():
     torch.manual_seed(27)
     mine = MultiHeadAttention(12, 3, dtype=torch.float64)
