@@ -7,7 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from attnbook import attention_ref, causal_mask, padding_mask
+from conftest import CPU_BACKENDS, F64_TOL, rand
+
+from attnbook import causal_mask, padding_mask
 from attnbook.multihead import (
     MultiHeadAttention,
     MultiHeadOutput,
@@ -17,13 +19,7 @@ from attnbook.multihead import (
     split_heads,
 )
 
-F64 = dict(rtol=1e-12, atol=1e-12)
-CPU_BACKENDS = ["ref", "tiled", "sdpa"]
-
-
-def rand(*shape, dtype=torch.float64, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g, dtype=dtype)
+F64 = F64_TOL
 
 
 def torch_mha(d, h, *, seed=0, bias=True, kdim=None, vdim=None, batch_first=True, random_bias=True):
@@ -298,7 +294,7 @@ def test_unconverted_torch_mask_is_wrong():
 
 # ------------------------------------------------------------------------------------ backends
 
-@pytest.mark.parametrize("backend", CPU_BACKENDS + ["auto"])
+@pytest.mark.parametrize("backend", [*CPU_BACKENDS, "auto"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_backend_invariance(backend, causal):
     torch.manual_seed(19)
