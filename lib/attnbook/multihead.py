@@ -156,6 +156,7 @@ class MultiHeadAttention(nn.Module):
         backend: the :func:`attnbook.attention` backend used when ``need_weights`` is False.
         n_kv_heads: number of key/value heads (default n_heads; must divide n_heads): grouped-query
             attention, or multi-query attention with 1.
+        device, dtype: of the parameters, as for ``nn.Linear``; inputs must match them.
     """
 
     def __init__(self, d_model: int, n_heads: int, *, bias: bool = True, kdim: int | None = None,
