@@ -183,6 +183,23 @@ PROBE = """async () => {
   return {startup, nMath: maths.length, unrendered, errors, nImages: images.length, broken};
 }"""
 
+# Math wider than the text column (CHAPTER.md point 13). A display equation must fit its block at
+# desktop width (split it over aligned lines otherwise); inline math must not run past the right
+# edge of its paragraph at phone width (make it display math otherwise). 2 px of slack for rounding.
+OVERFLOW_PROBE = """() => {
+  const text = e => e.textContent.replace(/\\s+/g, ' ').slice(0, 60);
+  const wide = [...document.querySelectorAll('div.math')].filter(block => {
+    const m = block.querySelector('mjx-math');
+    return m && m.getBoundingClientRect().width > block.clientWidth + 2;
+  }).map(text);
+  const inline = [...document.querySelectorAll('p span.math, li span.math')].filter(span => {
+    const box = span.closest('p, li').getBoundingClientRect();
+    const r = span.getBoundingClientRect();
+    return r.width > 0 && r.right > box.right + 2;
+  }).map(text);
+  return {wide, inline};
+}"""
+
 CHROMIUM_ARGS = [
     "--no-sandbox", "--headless", "--disable-gpu", "--disable-dev-shm-usage",
     "--disable-background-networking", "--disable-component-update", "--disable-default-apps",
@@ -245,6 +262,20 @@ def test_pages_render_in_chromium(book_url):
                     failures.append(f"{rel}: images not decoded {result['broken'][:5]}")
                 if page_errors:
                     failures.append(f"{rel}: JavaScript errors {page_errors[:5]}")
+                wide = page.evaluate(OVERFLOW_PROBE)["wide"]
+                if wide:
+                    failures.append(f"{rel}: {len(wide)} display equations wider than the text column at "
+                                    f"1280 px (split them over aligned lines): {wide[:3]}")
+            phone = browser.new_page(viewport={"width": 390, "height": 844}, device_scale_factor=2)
+            phone.route("**/*", route)
+            for path in _content_pages():
+                rel = path.relative_to(HTML).as_posix()
+                phone.goto(book_url + rel, wait_until="load")
+                phone.evaluate(PROBE)  # waits for MathJax
+                inline = phone.evaluate(OVERFLOW_PROBE)["inline"]
+                if inline:
+                    failures.append(f"{rel}: {len(inline)} inline formulas run past their paragraph at 390 px "
+                                    f"(make them display math): {inline[:3]}")
         finally:
             browser.close()
     assert visited >= 2
