@@ -65,7 +65,7 @@ class BeamStep(NamedTuple):
 
 
 def length_penalty(length: int, alpha: float) -> float:
-    """GNMT length penalty lp(|y|) = ((5 + |y|) / 6) ** alpha (Wu et al. 2016, eq. 14)."""
+    """GNMT length penalty lp(|y|) = ((5 + |y|) / 6) ** alpha (Wu et al. 2016, section 7)."""
     return ((5 + length) / 6) ** alpha
 
 
