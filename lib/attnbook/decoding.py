@@ -7,15 +7,17 @@ chapter 10's Transformer). A model conditioned on ONE source sentence is a funct
 
 Row n of ``prefixes`` is one hypothesis: BOS followed by the t - 1 tokens generated so far;
 all rows of one call have the same length t. ``step`` closes over its source, so every
-search below decodes one source; to decode a batch, call it once per source.
-``greedy_decode_batch`` is the one exception: there row n is source n.
+search below decodes one source; to decode a batch, call it once per source (batched beams
+would add per-source bookkeeping that teaches nothing at this book's sizes).
+``greedy_decode_batch`` is the one exception, for evaluating many sources at once: there
+row n of ``prefixes`` is source n (e.g. ``Seq2Seq.batch_step_fn``).
 
 What is searched (the same for all functions, so that their results are comparable):
 - a complete output is y = (y_1, ..., y_T) with y_T = EOS and 1 <= T <= max_len; |y| = T
   counts the EOS; the returned ``tokens`` hold y without BOS, EOS included;
 - at step max_len the only allowed token is EOS (its log-probability under the model is
   still counted, as in fairseq), so every search returns complete outputs;
-- log P(y|x) = sum_t log P(y_t | y_<t, x) (the chain rule, eq. 2.1);
+- log P(y|x) = sum_t log P(y_t | y_<t, x) (the chain rule, chapter 02);
 - the search score is log P(y|x) / lp(|y|), lp(|y|) = ((5 + |y|) / 6) ** alpha (GNMT,
   Wu et al. 2016); alpha = 0 ranks by log P(y|x) itself.
 """
