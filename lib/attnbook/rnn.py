@@ -57,7 +57,7 @@ _ACTIVATIONS = {"tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu
 
 
 def activation_derivative(z: torch.Tensor, nonlinearity: str = "tanh") -> torch.Tensor:
-    """sigma'(z) elementwise for the RNN's nonlinearity (chapter 01, the diagonal of each J_t).
+    """sigma'(z) elementwise for the RNN's nonlinearity (chapter 01, eq. eq-ch01-gamma; the diagonal of J_t).
 
     tanh: 1 - tanh(z)^2;  sigmoid: s (1 - s) with s = sigmoid(z);  relu: 1 where z > 0, else 0
     (PyTorch's convention at z = 0, so the result equals autograd's).
@@ -87,7 +87,7 @@ class RNNOutput(NamedTuple):
 
 
 class SimpleRNN(nn.Module):
-    """A one-layer RNN in the row-vector convention (chapter 01, eq. ch01-rnn).
+    """A one-layer RNN in the row-vector convention (chapter 01, eq. eq-ch01-rnn).
 
         z_t = x_t W_xh + h_{t-1} W_hh + b,    h_t = sigma(z_t),    h_0 = h0 (zeros by default)
 
@@ -196,7 +196,7 @@ class SimpleRNN(nn.Module):
 
 
 def step_jacobians(rnn: SimpleRNN, z: torch.Tensor) -> torch.Tensor:
-    """Per-step Jacobians J_t = d h_t / d h_{t-1} = diag(sigma'(z_t)) W_hh^T (chapter 01, eq. ch01-step).
+    """Per-step Jacobians J_t = d h_t / d h_{t-1} = diag(sigma'(z_t)) W_hh^T (chapter 01, eq. eq-ch01-step).
 
     Numerator layout: ``J_t[a, b] = d h_t[a] / d h_{t-1}[b] = sigma'(z_t[a]) W_hh[b, a]``.
 
@@ -223,7 +223,7 @@ def _check_factors(fn: str, factors) -> None:
 
 
 def jacobian_product(factors: torch.Tensor, t: int, k: int) -> torch.Tensor:
-    """d h_t / d h_k = J_t J_{t-1} ... J_{k+1}, the latest step on the left (chapter 01, eq. ch01-product).
+    """d h_t / d h_k = J_t J_{t-1} ... J_{k+1}, latest step on the left (chapter 01, eq. eq-ch01-full).
 
     Args:
         factors: (..., T, d_h, d_h) from :func:`step_jacobians` (``factors[..., j-1] = J_j``).
@@ -247,7 +247,7 @@ def jacobian_product(factors: torch.Tensor, t: int, k: int) -> torch.Tensor:
 
 
 def jacobian_norms(factors: torch.Tensor, k: int = 0, *, ord: int | float | str = 2) -> torch.Tensor:
-    """Norms ||d h_t / d h_k|| for t = k, k+1, ..., T, from one running product (chapter 01).
+    """Norms ||d h_t / d h_k|| for t = k, ..., T from one running product (chapter 01, eq. eq-ch01-bound).
 
     Args:
         factors: (..., T, d_h, d_h) from :func:`step_jacobians`.
@@ -285,7 +285,7 @@ def _grads(fn: str, parameters) -> list[torch.Tensor]:
 
 @torch.no_grad()
 def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
-    """Rescale all gradients together when their global L2 norm exceeds ``max_norm`` (chapter 01).
+    """Rescale all gradients together when their global L2 norm exceeds ``max_norm`` (chapter 01, eq. eq-ch01-clip).
 
     The global norm is taken over every gradient concatenated into one vector,
 
