@@ -2,8 +2,10 @@
 
 One concept per module (see DESIGN.md): ``reference`` (scores, masks, ``attention_ref``),
 ``flash`` (online softmax, ``attention_tiled``), ``dispatch`` (the entry point below),
-``triton_flash`` (fused Triton kernel, imported lazily), ``efficient`` (linear attention, sparse
-masks), and helpers for the book (``display``, ``plotting``, ``widgets``, ``testing``, ``bench``).
+``triton_flash`` (the fused Triton kernel's host side, imported lazily) and ``triton_kernels``
+(its device code), ``efficient`` (linear attention, sparse masks), the building blocks the
+chapters import by module (``rnn``, ``seq2seq``, ``decoding``, ``multihead``, ``positional``,
+``layers``, ``data``, ``train``), and helpers for the book (``display``, ``plotting``, ``widgets``, ``testing``, ``bench``).
 
 The package re-exports the entry point ``attention(q, k, v, *, mask=None, causal=False,
 scale=None, backend="auto")`` (the dispatcher, from ``dispatch``) with the backend registry

@@ -87,7 +87,7 @@ def _sdpa(q, k, v, mask, causal, scale):
 def _triton(q, k, v, mask, causal, scale):
     from .triton_flash import attention_triton
 
-    return attention_triton(q, k, v, mask=mask, causal=causal, scale=scale).out
+    return attention_triton.__wrapped__(q, k, v, mask=mask, causal=causal, scale=scale).out
 
 
 def _triton_supports(q, k, v, mask):

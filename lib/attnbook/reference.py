@@ -44,7 +44,9 @@ class AttentionResult(NamedTuple):
     Fields:
         out: ``(..., Tq, Dv)``, in the input dtype; differentiable.
         lse: ``(..., Tq)``, the natural-log log-sum-exp of each row of the scaled, masked scores
-            (``-inf`` for a row with no allowed key); not differentiable.
+            (``-inf`` for a row with no allowed key). A statistic for tests and for combining
+            partial results; ``attention_triton`` also propagates gradients through it, the
+            other kernels return it detached.
         weights: ``(..., Tq, Tk)``, the softmax weights, only from kernels that materialise them
             (``attention_ref``); ``None`` from the tiled and Triton kernels.
     """
