@@ -52,7 +52,7 @@ def _check_dtype(dtype, fn: str) -> torch.dtype:
 
 
 def frequencies(d_model: int, *, base: float = 10000.0, device=None) -> torch.Tensor:
-    """The frequency ladder (chapter 06, eq. 6.1): ``omega_i = base ** (-2 i / d_model)``.
+    """The frequency ladder (chapter 06, eq. 2): ``omega_i = base ** (-2 i / d_model)``.
 
     Args: d_model (even), base (> 0; 10000 in Vaswani et al. and RoFormer).
     Returns a float64 tensor ``(d_model / 2,)``, from ``omega_0 = 1`` down to ``base ** (-(d-2)/d)``.
@@ -65,7 +65,7 @@ def frequencies(d_model: int, *, base: float = 10000.0, device=None) -> torch.Te
 
 def sinusoidal_encoding(n_positions: int, d_model: int, *, base: float = 10000.0, dtype=None,
                         device=None) -> torch.Tensor:
-    """Sinusoidal positional encoding (chapter 06, eq. 6.1; Vaswani et al. 2017, section 3.5).
+    """Sinusoidal positional encoding (chapter 06, eq. 2; Vaswani et al. 2017, section 3.5).
 
     ``PE[p, 2i] = sin(p * omega_i)``, ``PE[p, 2i + 1] = cos(p * omega_i)``, interleaved as in
     the paper (some codebases concatenate ``[sin | cos]`` halves instead: a fixed permutation).
@@ -90,7 +90,7 @@ def sinusoidal_encoding(n_positions: int, d_model: int, *, base: float = 10000.0
 
 def rotation_matrix(k: float, d_model: int, *, base: float = 10000.0, dtype=None,
                     device=None) -> torch.Tensor:
-    """The block-diagonal ``M_k`` with ``PE(p + k) = PE(p) M_k`` for every p (chapter 06, eq. 6.2).
+    """The block-diagonal ``M_k`` with ``PE(p + k) = PE(p) M_k`` for every p (chapter 06, eq. 3).
 
     Each 2x2 block acts on the pair ``(sin, cos)`` of frequency ``omega_i``; in the row-vector
     convention it is ``[[cos k w, -sin k w], [sin k w, cos k w]]``, the transpose of the seed's
@@ -122,7 +122,7 @@ def half_split_permutation(d_model: int) -> torch.Tensor:
 
 def apply_rope(x: torch.Tensor, positions=None, *, base: float = 10000.0,
                pairing: str = "interleaved") -> torch.Tensor:
-    """Rotary position embedding (chapter 06, eq. 6.6; Su et al., RoFormer, eqs. 14 and 34).
+    """Rotary position embedding (chapter 06, eq. 5; Su et al. 2021, RoFormer, section 3).
 
     Rotates each pair of features of the vector at position m by the angle ``m * omega_i``:
     ``(a, b) -> (a cos - b sin, a sin + b cos)``. Applied to queries and keys after their
@@ -171,7 +171,7 @@ def apply_rope(x: torch.Tensor, positions=None, *, base: float = 10000.0,
 
 
 def alibi_slopes(n_heads: int, *, dtype=None, device=None) -> torch.Tensor:
-    """ALiBi's fixed, head-specific slopes (chapter 06, eq. 6.8; Press et al. 2022, section 3).
+    """ALiBi's fixed, head-specific slopes (chapter 06, eq. 6; Press et al. 2022, section 3).
 
     For ``h`` a power of two: the geometric sequence with start and ratio ``2 ** (-8 / h)``,
     e.g. h = 8 gives 1/2, 1/4, ..., 1/256. Otherwise (the authors' reference code): the slopes of
@@ -196,7 +196,7 @@ def alibi_slopes(n_heads: int, *, dtype=None, device=None) -> torch.Tensor:
 
 def alibi_bias(n_heads: int, tq: int, tk: int | None = None, *, symmetric: bool = False, dtype=None,
                device=None) -> torch.Tensor:
-    """ALiBi as an additive float mask for :func:`attnbook.attention` (chapter 06, eq. 6.8).
+    """ALiBi as an additive float mask for :func:`attnbook.attention` (chapter 06, eq. 6).
 
     ``bias[h, i, j] = -m_h * (i - j)`` for keys at or before the query (``j <= i``), the
     *penalty* of Press et al. (distant keys lose score). ALiBi was defined for causal language
@@ -208,7 +208,8 @@ def alibi_bias(n_heads: int, tq: int, tk: int | None = None, *, symmetric: bool 
     The bias is added after the ``1/sqrt(D)`` scaling (that is where ``attention`` adds masks).
 
     Args: n_heads, tq, tk (default tq); symmetric; dtype (default the default dtype).
-    Returns: ``(n_heads, tq, tk)``; broadcasts against ``(B, H, Tq, Tk)`` scores.
+    Returns: ``(n_heads, tq, tk)``; broadcasts against ``(B, H, Tq, Tk)`` scores (for 2-D
+    single-head inputs ``(T, D)`` pass ``alibi_bias(1, T)[0]``).
     """
     n_heads = check_int("n_heads", n_heads, fn="alibi_bias")
     tq = check_int("tq", tq, fn="alibi_bias")
@@ -219,6 +220,6 @@ def alibi_bias(n_heads: int, tq: int, tk: int | None = None, *, symmetric: bool 
     j = torch.arange(tk, dtype=torch.float64, device=device)[None, :]
     m = alibi_slopes(n_heads, dtype=torch.float64, device=device)[:, None, None]  # (H, 1, 1)
     if symmetric:
-        return (-m * (i - j).abs()).to(dtype)  # (H, Tq, Tk)
-    bias = (-m * (i - j)).masked_fill(j > i, -math.inf)  # (H, Tq, Tk): future keys blocked
+        return (m * -(i - j).abs() + 0.0).to(dtype)  # (H, Tq, Tk); + 0.0 turns -0.0 into 0.0
+    bias = (m * (j - i)).masked_fill(j > i, -math.inf)  # -m (i - j); (H, Tq, Tk), future blocked
     return bias.to(dtype)
