@@ -126,8 +126,9 @@ def test_relative_dot_product_depends_on_offset_only_and_is_symmetric():
         expected = torch.cos(k * omega).sum()
         assert dots.max() - dots.min() < 1e-10
         torch.testing.assert_close(dots, expected.expand_as(dots), **TIGHT)
-        back = (pe[k:] * pe[: n - k]).sum(-1)                       # offset -k: the same numbers
-        torch.testing.assert_close(back, dots, rtol=0, atol=1e-13)
+        ahead = (pe[k:n - k] * pe[2 * k:]).sum(-1)                  # PE(p) . PE(p + k)
+        behind = (pe[k:n - k] * pe[: n - 2 * k]).sum(-1)            # PE(p) . PE(p - k), same p
+        torch.testing.assert_close(behind, ahead, **TIGHT)           # symmetric in +-k
     # control: the dot product does change with the offset
     assert abs(torch.cos(1 * omega).sum() - torch.cos(7 * omega).sum()) > 0.1
 
