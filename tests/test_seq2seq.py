@@ -308,26 +308,39 @@ def test_step_function_agrees_with_teacher_forced_logits(cfg):
 
 
 @pytest.mark.parametrize("cfg", [ALL_MODELS[0], ATTN_CONFIGS[3], ATTN_CONFIGS[5]])
-def test_batched_greedy_matches_stepwise_argmax(cfg):
+def test_batch_step_function_row_n_continues_source_n(cfg):
     model = make(*cfg)
-    src, mask, _ = batch(LENGTHS)
-    ys = model.greedy(src, mask, bos=BOS, max_len=6)
-    assert ys.shape == (4, 6)
-    for b, n in enumerate(LENGTHS):
-        step = model.step_fn(src[b, :n])
-        prefix = torch.tensor([[BOS]])
-        for _ in range(6):
-            prefix = torch.cat([prefix, step(prefix).argmax(-1, keepdim=True)], 1)
-        assert torch.equal(prefix[0, 1:], ys[b])
+    src, mask, tgt = batch(LENGTHS, t_tgt=6)
+    step = model.batch_step_fn(src, mask)
+    ref = torch.log_softmax(model(src, mask, tgt).logits, -1)
+    for t in (1, 4, 6):
+        torch.testing.assert_close(step(tgt[:, :t]), ref[:, t - 1], **TOL)
+    for b, n in enumerate(LENGTHS):                          # = the one-sentence step function
+        torch.testing.assert_close(model.step_fn(src[b, :n])(tgt[b : b + 1, :4])[0],
+                                   step(tgt[:, :4])[b], **TOL)
+    with pytest.raises(ValueError, match="one row per source"):
+        step(tgt[:2, :3])
 
 
 def test_decoding_functions_are_reexported_and_agree():
     decoding = pytest.importorskip("attnbook.decoding")
     from attnbook import seq2seq
 
-    assert seq2seq.greedy_decode is decoding.greedy_decode
-    assert seq2seq.beam_search is decoding.beam_search
-    assert seq2seq.exact_map is decoding.exact_map
+    for name in ("greedy_decode", "greedy_decode_batch", "beam_search", "exact_map"):
+        assert getattr(seq2seq, name) is getattr(decoding, name)
+    model = attention_model("bahdanau", "additive")
+    src, mask, _ = batch(LENGTHS)
+    together = decoding.greedy_decode_batch(model.batch_step_fn(src, mask), batch_size=4,
+                                            bos=BOS, eos=EOS, max_len=6)
+    for b, n in enumerate(LENGTHS):
+        step = model.step_fn(src[b, :n])
+        alone = decoding.greedy_decode(step, bos=BOS, eos=EOS, max_len=6)
+        assert alone.tokens == together[b].tokens
+        assert abs(alone.logprob - together[b].logprob) < 1e-10
+        assert abs(decoding.score_sequence(step, alone.tokens, bos=BOS) - alone.logprob) < 1e-10
+        wide = decoding.beam_search(step, bos=BOS, eos=EOS, beam_size=V_TGT**3, max_len=3)
+        exact = decoding.exact_map(step, bos=BOS, eos=EOS, vocab_size=V_TGT, max_len=3)
+        assert wide[0].tokens == exact.tokens
 
 
 # ------------------------------------------------------------------------------ training signal

@@ -26,7 +26,8 @@ padding is set to ``-inf``; PAD positions get weight exactly 0 and never influen
 
 Decoding: ``model.step_fn(src)`` returns a function ``step(prefixes (N, t)) -> (N, V)``
 log-probabilities of the next token (``prefixes[:, 0]`` is BOS), the protocol of
-``greedy_decode``, ``beam_search`` and ``exact_map`` (module ``decoding``, re-exported here).
+``greedy_decode``, ``beam_search`` and ``exact_map`` (module ``decoding``, re-exported here);
+``model.batch_step_fn(src, src_mask)`` serves ``greedy_decode_batch`` (row n = source n).
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ from . import additive_scores, dot_scores, general_scores, masked_softmax, scale
 from ._checks import check_bool, check_choice, check_float, check_int, check_tensor
 
 try:
-    from .decoding import beam_search, exact_map, greedy_decode
+    from .decoding import beam_search, exact_map, greedy_decode, greedy_decode_batch
 except ImportError:  # TEMPORARY: until lib/attnbook/decoding.py lands
     pass
 
@@ -59,6 +60,7 @@ __all__ = [
     "beam_search",
     "exact_map",
     "greedy_decode",
+    "greedy_decode_batch",
 ]
 
 SCORES = ("dot", "scaled_dot", "general", "additive")
@@ -227,60 +229,56 @@ class _Seq2SeqBase(nn.Module):
                              f"{src.shape[0]} and {tgt_in.shape[0]}")
         return self.decode(tgt_in, self.encode(src, src_mask), **kwargs)
 
-    def step_fn(self, src: torch.Tensor, **kwargs) -> Callable[[torch.Tensor], torch.Tensor]:
-        """The decoding protocol for one source sentence ``src`` (1-D, no padding).
-
-        Returns ``step(prefixes (N, t)) -> (N, V)``: log P(next token | prefix, src) for each
-        prefix (``prefixes[:, 0]`` is BOS), computed in eval mode without gradients by running
-        the teacher-forced decoder over the prefix (so it equals ``forward``'s log-softmax).
-        """
-        fn = f"{type(self).__name__}.step_fn"
-        check_tensor("src", src, fn=fn, min_ndim=1, floating=False)
-        if src.ndim != 1:
-            raise ValueError(f"{fn}: `src` must be one sentence, a 1-D tensor, got shape "
-                             f"{tuple(src.shape)}")
-        src = src[None]
-        with torch.no_grad():
-            enc = self.encode(src, torch.ones_like(src, dtype=torch.bool))
+    def _step(self, enc: EncoderOutput, broadcast: bool, kwargs: dict):
+        name = f"{type(self).__name__} step"
 
         def step(prefixes: torch.Tensor) -> torch.Tensor:
-            _check_tokens("prefixes", prefixes, self.tgt_vocab, fn=f"{type(self).__name__} step")
-            n = prefixes.shape[0]
-            expanded = EncoderOutput(*(x.expand(n, *x.shape[1:]) for x in enc))
+            _check_tokens("prefixes", prefixes, self.tgt_vocab, fn=name)
+            n, b = prefixes.shape[0], enc.memory.shape[0]
+            if broadcast:
+                rows = EncoderOutput(*(x.expand(n, *x.shape[1:]) for x in enc))
+            elif n != b:
+                raise ValueError(f"{name}: `prefixes` must have one row per source ({b}), got {n}")
+            else:
+                rows = enc
             was_training = self.training
             self.eval()
             try:
                 with torch.no_grad():
-                    logits = self.decode(prefixes, expanded, **kwargs).logits[:, -1]
+                    logits = self.decode(prefixes, rows, **kwargs).logits[:, -1]
             finally:
                 self.train(was_training)
             return F.log_softmax(logits, dim=-1)  # (N, V)
 
         return step
 
-    @torch.no_grad()
-    def greedy(self, src: torch.Tensor, src_mask: torch.Tensor, *, bos: int, max_len: int,
-               **kwargs) -> torch.Tensor:
-        """Batched greedy decoding (for evaluation): ``(B, max_len)`` tokens after BOS.
+    def step_fn(self, src: torch.Tensor, **kwargs) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The decoding protocol for one source sentence ``src`` (1-D, no padding).
 
-        Token by token the argmax of the next-token distribution, without stopping at EOS (the
-        caller cuts at EOS); for one sentence the tokens equal ``greedy_decode(model.step_fn(src))``
-        up to the first EOS (tested).
+        Returns ``step(prefixes (N, t)) -> (N, V)``: log P(next token | prefix, src) for each of
+        N hypotheses (``prefixes[:, 0]`` is BOS), in eval mode without gradients, by running the
+        teacher-forced decoder over the prefix (so it equals ``forward``'s log-softmax). Use it
+        with ``greedy_decode``, ``beam_search`` and ``exact_map``. ``kwargs`` go to ``decode``.
         """
-        fn = f"{type(self).__name__}.greedy"
-        bos = check_int("bos", bos, fn=fn, minimum=0)
-        max_len = check_int("max_len", max_len, fn=fn)
-        was_training = self.training
-        self.eval()
-        try:
+        fn = f"{type(self).__name__}.step_fn"
+        check_tensor("src", src, fn=fn, min_ndim=1, floating=False)
+        if src.ndim != 1:
+            raise ValueError(f"{fn}: `src` must be one sentence, a 1-D tensor, got shape "
+                             f"{tuple(src.shape)}; for a batch use batch_step_fn")
+        src = src[None]
+        with torch.no_grad():
+            enc = self.encode(src, torch.ones_like(src, dtype=torch.bool))
+        return self._step(enc, True, kwargs)
+
+    def batch_step_fn(self, src: torch.Tensor, src_mask: torch.Tensor,
+                      **kwargs) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Like ``step_fn`` for a padded batch: row n of ``prefixes`` continues source n.
+
+        The protocol of ``greedy_decode_batch`` (``batch_size = B``). ``kwargs`` go to ``decode``.
+        """
+        with torch.no_grad():
             enc = self.encode(src, src_mask)
-            ys = torch.full((src.shape[0], 1), bos, dtype=torch.long, device=src.device)
-            for _ in range(max_len):
-                logits = self.decode(ys, enc, **kwargs).logits[:, -1]
-                ys = torch.cat([ys, logits.argmax(-1, keepdim=True)], 1)
-        finally:
-            self.train(was_training)
-        return ys[:, 1:]
+        return self._step(enc, False, kwargs)
 
 
 # ---------------------------------------------------------------------------------------------
