@@ -123,10 +123,18 @@ register_backend("triton", _triton, _triton_supports)
 register_backend("sdpa", _sdpa)
 
 
-def _choose(q, k, v, mask) -> str:
-    if q.is_cuda and BACKENDS["triton"].supports(q, k, v, mask)[0]:
-        return "triton"
-    return "tiled"
+def _choose(q, k, v, mask, causal=None) -> str:
+    """``"triton"`` for CUDA inputs it supports once it has passed its first-use self-check, else ``"tiled"``.
+
+    The check (:func:`attnbook.selfcheck.triton_trusted`) runs once per process and kind of call
+    (device, dtype, head-dim bucket, causal, masked, backward); a kind that fails warns once and
+    gets ``"tiled"`` from then on. ``causal=None`` (not known here) needs both kinds to pass.
+    """
+    if not (q.is_cuda and BACKENDS["triton"].supports(q, k, v, mask)[0]):
+        return "tiled"
+    from . import selfcheck  # imported here: ``import attnbook`` stays free of it on CPU
+
+    return "triton" if selfcheck.triton_trusted(q, k, v, mask, causal) else "tiled"
 
 
 def choose_backend(q, k, v, mask=None) -> str:
@@ -148,7 +156,7 @@ def available_backends(q, k, v, mask=None) -> list[str]:
 
 
 def attention(q, k, v, *, mask=None, causal=False, scale=None, backend: str = "auto"):
-    """Scaled dot-product attention through the chosen backend (chapter 04, eq. 10).
+    """Scaled dot-product attention through the chosen backend (chapter 04, eq. 7).
 
     ``out = softmax(Q K^T * scale + M) V``; rows with no allowed key give 0.
 

@@ -141,7 +141,7 @@ def additive_scores(
 # ---------------------------------------------------------------------------------------------
 
 def causal_mask(tq: int, tk: int | None = None, *, device=None) -> torch.Tensor:
-    """Causal mask (chapter 04, eq. 11): query i may attend key j iff ``j <= i``.
+    """Causal mask (chapter 04, eq. 12): query i may attend key j iff ``j <= i``.
 
     Top-left aligned when ``tq != tk``, like ``scaled_dot_product_attention(is_causal=True)``.
 
@@ -182,7 +182,7 @@ def mask_to_additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Ten
 
 
 def masked_softmax(scores: torch.Tensor) -> torch.Tensor:
-    """Row softmax that returns zeros for rows whose scores are all ``-inf`` (chapter 04, eq. 8).
+    """Row softmax that returns zeros for rows whose scores are all ``-inf`` (chapter 04, eq. 5).
 
     A hand-written ``exp(s - max) / sum`` gives 0/0 = NaN on such rows; here the row max is
     replaced by 0 where it is -inf, so every exp is 0 and the denominator is clamped.
@@ -243,7 +243,7 @@ def propagate_nonfinite(out, v, visible):
 
 @attention_kernel
 def attention_ref(q, k, v, *, mask=None, causal=False, scale=None):
-    """Scaled dot-product attention, materialised (chapter 04, eq. 10).
+    """Scaled dot-product attention, materialised (chapter 04, eq. 7).
 
     ``out = softmax(Q K^T * scale + M) V`` where M is 0 / -inf from ``mask`` and ``causal``.
     Computed in the input dtype (use float64 inputs for a high-precision reference).
