@@ -1,0 +1,401 @@
+"""Tests for lib/attnbook/selfcheck.py and the CPU-side parts of benchmarks/gpu.sh.
+
+The first-use check decides what ``backend="auto"`` does on CUDA, and this machine has no GPU.
+So the CUDA branch runs with stand-ins: ``cuda_like`` makes CPU tensors that say ``is_cuda``
+(``dispatch._choose`` takes its CUDA branch; the check itself runs on their real device, the CPU),
+and the registered ``"triton"`` backend is replaced by a fake that passes, fails to compile, runs
+out of shared memory, disagrees in the forward or only in the backward. The real kernel is
+checked too, under Triton's interpreter (``TRITON_INTERPRET=1``, set for the import as in
+tests/test_triton_flash.py).
+"""
+import importlib.util
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import attnbook
+from attnbook import attention, attention_tiled, dispatch
+
+_saved_env = os.environ.get("TRITON_INTERPRET")
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+try:
+    from attnbook import triton_flash as tf
+finally:
+    if _saved_env is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = _saved_env
+
+from attnbook import selfcheck as sc  # noqa: E402  (after the interpreter import above)
+
+ROOT = Path(__file__).resolve().parent.parent
+INTERPRETER = tf.triton is not None and tf._INTERPRETED and not torch.cuda.is_available()
+needs_interpreter = pytest.mark.skipif(not INTERPRETER, reason="needs triton imported under TRITON_INTERPRET=1 "
+                                       "(run this file on its own or with TRITON_INTERPRET=1) on a machine without CUDA")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_verdicts(monkeypatch):
+    sc.clear_verdicts()
+    if INTERPRETER:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    yield
+    sc.clear_verdicts()
+
+
+class CudaLike(torch.Tensor):
+    """A CPU tensor that says it is on CUDA: ``_choose`` takes its CUDA branch on a machine without a GPU."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+def cuda_like(*shape, dtype=torch.float32, seed=0, grad=False):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=dtype).as_subclass(CudaLike).requires_grad_(grad)
+
+
+def qkv_like(d=64, dv=None, tq=9, tk=9, dtype=torch.float32, grad=False):
+    return (cuda_like(1, 2, tq, d, dtype=dtype, grad=grad), cuda_like(1, 2, tk, d, dtype=dtype, seed=1, grad=grad),
+            cuda_like(1, 2, tk, dv or d, dtype=dtype, seed=2, grad=grad))
+
+
+def _plain(*ts):
+    return tuple(None if t is None else t.as_subclass(torch.Tensor) for t in ts)
+
+
+class FakeTriton:
+    """A stand-in for the registered "triton" kernel: exact (attention_tiled) unless told otherwise."""
+
+    def __init__(self, fail=None, forward_factor=1.0, grad_factor=1.0):
+        self.fail, self.forward_factor, self.grad_factor, self.calls = fail, forward_factor, grad_factor, 0
+
+    def __call__(self, q, k, v, mask, causal, scale):
+        self.calls += 1
+        if self.fail is not None:
+            raise self.fail
+        q, k, v, mask = _plain(q, k, v, mask)
+        out = attention_tiled(q, k, v, mask=mask, causal=causal, scale=scale).out * self.forward_factor
+        return _ScaleGrad.apply(out, self.grad_factor)
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; the backward multiplies the gradient (a kernel whose backward is wrong)."""
+
+    @staticmethod
+    def forward(ctx, out, factor):
+        ctx.factor = factor
+        return out.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.factor, None
+
+
+def install(monkeypatch, fake):
+    monkeypatch.setitem(dispatch.BACKENDS, "triton", dispatch.Backend(fake, lambda *a: (True, "")))
+    return fake
+
+
+def auto_choices(*calls):
+    """Run _choose for each (q, k, v, mask, causal); return the choices and the RuntimeWarnings raised."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        choices = [dispatch._choose(*c) for c in calls]
+    return choices, [w for w in caught if issubclass(w.category, RuntimeWarning)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Keys
+# ---------------------------------------------------------------------------------------------
+
+def test_head_dim_bucket_is_the_kernels_padded_dim():
+    assert [sc.head_dim_bucket(d) for d in (1, 15, 16, 17, 32, 33, 40, 64, 65, 100, 128)] == \
+        [16, 16, 16, 32, 32, 64, 64, 64, 128, 128, 128]
+    assert tf._block(40) == sc.head_dim_bucket(40) == 64  # the same rule as the kernels' BLOCK_D
+
+
+def test_check_key_names_the_kind():
+    q, k, v = qkv_like(d=40, dv=20, grad=True)
+    key = sc.check_key(q, k, v, None, True)
+    assert key == ("cpu", torch.float32, 64, 32, True, False, True)
+    with torch.no_grad():  # no graph, no backward
+        assert sc.check_key(q, k, v, torch.ones(9, dtype=torch.bool), False)[-2:] == (True, False)
+
+
+# ---------------------------------------------------------------------------------------------
+# The CUDA branch of "auto", with stand-ins
+# ---------------------------------------------------------------------------------------------
+
+def test_a_passing_kernel_is_trusted_and_checked_once_per_kind(monkeypatch):
+    fake = install(monkeypatch, FakeTriton())
+    q, k, v = qkv_like()
+    choices, warned = auto_choices((q, k, v, None, False), (q, k, v, None, False))
+    assert choices == ["triton", "triton"] and not warned
+    assert fake.calls == 1  # checked once (forward only: no grad needed), then cached
+    (key, verdict), = sc.verdicts().items()
+    assert key == sc.check_key(q, k, v, None, False) and verdict.ok and verdict.reason == ""
+    # attention(..., backend="auto") itself runs the kernel that passed
+    attention(q, k, v)
+    assert fake.calls > 1
+
+
+@pytest.mark.parametrize("error, words", [
+    (type("CompilationError", (Exception,), {})("at 12:8: unsupported tl.dot shape"), "failed to compile"),
+    (type("OutOfResources", (Exception,), {})("out of resource: shared memory, Required: 131072, "
+                                              "Hardware limit: 65536"), "shared memory"),
+    (RuntimeError("CUDA error: an illegal memory access was encountered"), "raised an error"),
+])
+def test_a_kernel_that_raises_warns_once_then_tiled(monkeypatch, error, words):
+    install(monkeypatch, FakeTriton(fail=error))
+    q, k, v = qkv_like()
+    choices, warned = auto_choices(*[(q, k, v, None, True)] * 3)
+    assert choices == ["tiled"] * 3
+    assert len(warned) == 1, [str(w.message) for w in warned]
+    message = str(warned[0].message)
+    assert words in message and type(error).__name__ in message and "first-use self-check" in message
+    assert "causal" in message and "float32" in message and "'tiled'" in message
+    assert warned[0].filename == __file__  # points at the caller's line, not at the library
+
+
+def test_a_kernel_that_disagrees_warns_once_then_tiled(monkeypatch):
+    install(monkeypatch, FakeTriton(forward_factor=1 + 1e-3))  # 0.1% off: far above float32 rounding
+    q, k, v = qkv_like()
+    choices, warned = auto_choices((q, k, v, None, False), (q, k, v, None, False))
+    assert choices == ["tiled", "tiled"] and len(warned) == 1
+    assert "disagree with attention_tiled" in str(warned[0].message) and "out: max error" in str(warned[0].message)
+    # control: the same check passes a kernel that is off by float32 rounding only
+    sc.clear_verdicts()
+    install(monkeypatch, FakeTriton(forward_factor=1 + 1e-7))
+    assert auto_choices((q, k, v, None, False)) == (["triton"], [])
+
+
+def test_a_wrong_backward_is_caught_only_when_gradients_are_needed(monkeypatch):
+    install(monkeypatch, FakeTriton(grad_factor=1.01))
+    q, k, v = qkv_like(grad=True)
+    with torch.no_grad():  # inference: the forward is right, so the kernel is trusted
+        assert auto_choices((q, k, v, None, False)) == (["triton"], [])
+    choices, warned = auto_choices((q, k, v, None, False), (q, k, v, None, False))
+    assert choices == ["tiled", "tiled"] and len(warned) == 1 and "dq: max error" in str(warned[0].message)
+    with torch.no_grad():  # the forward-only verdict stands
+        assert dispatch._choose(q, k, v, None, False) == "triton"
+
+
+def test_a_failed_forward_needs_no_second_check_for_the_backward(monkeypatch):
+    fake = install(monkeypatch, FakeTriton(forward_factor=2.0))
+    q, k, v = qkv_like(grad=True)
+    with torch.no_grad():
+        choices, warned = auto_choices((q, k, v, None, False))
+    calls = fake.calls
+    choices2, warned2 = auto_choices((q, k, v, None, False))
+    assert choices == choices2 == ["tiled"] and len(warned) == 1 and not warned2 and fake.calls == calls
+
+
+def test_verdicts_are_cached_per_kind(monkeypatch):
+    fake = install(monkeypatch, FakeTriton())
+    mask = torch.ones(9, dtype=torch.bool)
+    calls = [qkv_like(d=40) + (None, False), qkv_like(d=64) + (None, False),  # one bucket: one check
+             qkv_like(d=65) + (None, False),                                    # bucket 128
+             qkv_like(d=64, dv=16) + (None, False),                             # v's bucket
+             qkv_like(d=64) + (None, True),                                     # causal
+             qkv_like(d=64) + (mask, False),                                    # masked
+             qkv_like(d=64, dtype=torch.float16) + (None, False)]               # dtype
+    choices, warned = auto_choices(*calls)
+    assert choices == ["triton"] * len(calls) and not warned
+    assert fake.calls == len(sc.verdicts()) == len(calls) - 1
+
+
+def test_causal_unknown_checks_both_kinds(monkeypatch):
+    install(monkeypatch, FakeTriton())
+    q, k, v = qkv_like()
+    monkeypatch.setattr(dispatch, "check_attention_args", lambda *a, **kw: 0.125)  # CudaLike passes anyway
+    assert attnbook.choose_backend(q, k, v) == "triton"  # the public helper does not know `causal`
+    assert {key[4] for key in sc.verdicts()} == {False, True}
+
+
+def test_no_check_while_compiling(monkeypatch):
+    fake = install(monkeypatch, FakeTriton())
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    q, k, v = qkv_like()
+    assert auto_choices((q, k, v, None, False)) == (["tiled"], [])
+    assert fake.calls == 0 and not sc.verdicts()  # nothing ran, nothing cached: the next eager call checks
+
+
+def test_explicit_triton_backend_runs_no_check(monkeypatch):
+    error = type("CompilationError", (Exception,), {})("boom")
+    fake = install(monkeypatch, FakeTriton(fail=error))
+    q, k, v = _plain(*qkv_like())
+    with pytest.raises(type(error), match="boom"):
+        attention(q, k, v, backend="triton")  # the kernel's own error, not a fallback
+    assert fake.calls == 1 and not sc.verdicts()
+
+
+def test_explicit_triton_on_cpu_keeps_its_clear_error(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    q = torch.randn(1, 1, 4, 16)
+    if tf.triton is None or not tf._INTERPRETED:
+        with pytest.raises(RuntimeError, match="backend 'triton' cannot serve these arguments"):
+            attention(q, q, q, backend="triton")
+    else:  # imported under the interpreter, which must stay set
+        with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+            attention(q, q, q, backend="triton")
+    assert not sc.verdicts()
+
+
+def test_auto_on_plain_cpu_tensors_never_checks(monkeypatch):
+    fake = install(monkeypatch, FakeTriton())
+    q = torch.randn(1, 1, 4, 16)
+    assert dispatch._choose(q, q, q, None) == "tiled" and fake.calls == 0 and not sc.verdicts()
+
+
+# ---------------------------------------------------------------------------------------------
+# The real kernel under the interpreter
+# ---------------------------------------------------------------------------------------------
+
+@needs_interpreter
+def test_the_real_kernel_passes_its_check():
+    verdict = sc.check_triton("cpu", torch.float32, 24, causal=True, masked=True, backward=True)
+    assert verdict.ok, verdict.reason
+    assert sc.check_triton("cpu", torch.float16, 64, 32).ok
+
+
+@needs_interpreter
+def test_the_real_kernel_with_a_bug_fails_its_check(monkeypatch):
+    real = tf._attention_triton
+
+    def off_by_one_key(q, k, v, mask, causal, scale, blocks=None):  # drops the last key
+        return real(q, k[:, :, :-1], v[:, :, :-1], None if mask is None else mask[..., :-1], causal, scale, blocks)
+
+    monkeypatch.setattr(tf, "_attention_triton", off_by_one_key)
+    verdict = sc.check_triton("cpu", torch.float32, 16)
+    assert not verdict.ok and "out: max error" in verdict.reason
+
+
+# ---------------------------------------------------------------------------------------------
+# The machine report
+# ---------------------------------------------------------------------------------------------
+
+def test_report_on_this_machine(capsys):
+    result = sc.selfcheck(backends=["ref", "tiled", "sdpa"], dtypes=["float64", "float16"])
+    text = capsys.readouterr().out
+    assert text == result["text"] + "\n"
+    assert {(r["backend"], r["dtype"], r["result"]) for r in result["rows"]} == {
+        (b, t, "pass") for b in ("ref", "tiled", "sdpa") for t in ("float64", "float16")}
+    assert [a["auto"] for a in result["auto"]] == ["tiled", "tiled"]
+    assert "auto uses Triton only on CUDA tensors" in text and "Every backend that runs here passed." in text
+    row = next(r for r in result["rows"] if r["backend"] == "tiled" and r["dtype"] == "float64")
+    assert 0 < row["err_out"] < 1e-12  # the float64 tiled kernel: equal up to rounding, not bit for bit
+
+
+def test_report_lists_skips_and_failures(monkeypatch, capsys):
+    monkeypatch.setattr(dispatch, "BACKENDS", dict(dispatch.BACKENDS))
+    dispatch.register_backend("off", lambda q, k, v, mask, causal, scale: 1.01 * attention_tiled(
+        q, k, v, mask=mask, causal=causal, scale=scale).out)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert sc.main(["--backends", "off", "triton", "--dtypes", "float32", "--device", "cpu"]) == 1
+    text = capsys.readouterr().out
+    assert "| cpu | off | float32 |" in text and "FAIL" in text and "1 failure(s)." in text
+    assert "| cpu | triton | float32 | — | — | skipped |" in text
+
+
+def test_module_is_callable_in_a_notebook():
+    import attnbook.selfcheck
+
+    assert attnbook.selfcheck is sc and callable(attnbook.selfcheck)
+    result = attnbook.selfcheck(backends=["tiled"], dtypes=["float32"], verbose=False)
+    assert [r["result"] for r in result["rows"]] == ["pass"]
+
+
+def test_python_dash_m(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "attnbook.selfcheck", "--backends", "tiled", "--dtypes", "float64",
+                           "--device", "cpu"], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "| cpu | tiled | float64 |" in proc.stdout and "pass" in proc.stdout
+    assert "Warning" not in proc.stderr, proc.stderr  # e.g. runpy's "found in sys.modules" warning
+
+
+# ---------------------------------------------------------------------------------------------
+# benchmarks/gpu.sh and benchmarks/gpu_tables.py (CPU-side parts)
+# ---------------------------------------------------------------------------------------------
+
+def _gpu_tables():
+    spec = importlib.util.spec_from_file_location("gpu_tables", ROOT / "benchmarks" / "gpu_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_script_plan_covers_the_issue():
+    gt = _gpu_tables()
+    groups, candidate, threshold = gt.plan(dry_run=False)
+    timed = [g for g in groups if not g.config.get("memory")]
+    assert candidate == "triton" and threshold == 4096
+    assert {(g.config["dtype"], g.config["mode"], g.config["dims"], g.config["causal"]) for g in timed} == {
+        (t, m, (d,), (c,)) for t in ("float16", "bfloat16") for m in ("fwd", "bwd") for d in (64, 128)
+        for c in (False, True)}
+    assert all(g.config["seqs"] == (1024, 2048, 4096, 8192, 16384) and g.config["device"] == "cuda"
+               and set(g.config["backends"]) == {"sdpa", "triton"} for g in timed)
+    assert groups[-1].config["memory"] and "triton" in groups[-1].config["backends"]
+
+
+def _row(backend, seq, time_s, mode="fwd"):
+    return {"backend": backend, "device": "cuda", "dtype": "float16", "mode": mode, "batch": 1, "heads": 16,
+            "dim": 64, "seq": seq, "causal": False, "threads": 1, "min_time": 0.1, "max_time": 10.0,
+            "memory_mode": False, "time_s": time_s, "runs": None, "mem_bytes": 1 << 20, "note": "",
+            "skipped": None, "flops": 1e12, "flops_per_s": 1e12 / time_s, "mem_ratio_ref": None}
+
+
+def test_gpu_script_targets_are_judged_right():
+    gt = _gpu_tables()
+    fwd = gt.Group("Forward", {"mode": "fwd"})
+    bwd = gt.Group("Backward", {"mode": "bwd"})
+    later = gt.Group("Forward, later", {"mode": "fwd"}, skipped="not run: the time budget of 1 s was spent (2 s)")
+    fwd.rows = [_row("sdpa", 2048, 1.0), _row("triton", 2048, 5.0),  # below the threshold: ignored
+                _row("sdpa", 4096, 1.0), _row("triton", 4096, 1.1), _row("sdpa", 8192, 1.0), _row("triton", 8192, 1.05)]
+    bwd.rows = [_row("sdpa", 4096, 1.0, "bwd"), _row("triton", 4096, 1.5, "bwd")]
+    for g in (fwd, bwd):
+        g.seconds = 1.0
+        base = {r["seq"]: r["time_s"] for r in g.rows if r["backend"] == "sdpa"}
+        for r in g.rows:
+            r["ratio_sdpa"] = r["time_s"] / base[r["seq"]]
+    rows = {r["group"]: r for r in gt.target_rows([fwd, bwd, later], "triton", 4096)}
+    assert rows["Forward"]["verdict"] == "met" and round(rows["Forward"]["ratios"][4096], 3) == round(1 / 1.1, 3)
+    assert rows["Backward"]["verdict"] == "missed"  # 0.67 < 0.7
+    assert rows["Forward, later"]["verdict"] == "not run"
+    fwd.rows[3]["time_s"] = 1.2  # control: 1 / 1.2 = 0.83 < 0.9 fails the forward target
+    fwd.rows[3]["ratio_sdpa"] = 1.2
+    assert gt.target_rows([fwd], "triton", 4096)[0]["verdict"] == "missed"
+    text = gt.render([fwd, bwd, later], "triton", 4096, header=dict(title="GPU: X", machine="m", date="d", command="c"))
+    assert text.startswith("## GPU: X\n") and "| Backward | 0.67 | — | ≥ 0.7 | missed |" in text
+    assert "not run: the time budget" in text and "fwd · float16 · cuda" in text
+
+
+def test_gpu_script_dry_run(tmp_path):
+    out = tmp_path / "gpu_results.md"
+    env = dict(os.environ, PYTHON=sys.executable, OUT=str(out), LOGDIR=str(tmp_path / "logs"), BUDGET="0")
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--dry-run"], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = out.read_text(encoding="utf-8")
+    assert text.startswith("## Dry run on the CPU (tiny sizes)\n") and "torch " in text
+    assert "### Targets: tiled ÷ sdpa throughput at T ≥ 128" in text
+    assert "### Forward, float32, D=16, non-causal" in text and "| sdpa | 64 |" in text  # the first table ran
+    assert "not run: the time budget of 0 s was spent" in text  # the budget stopped the rest
+    assert "| benchmarks/gpu_tables.py --dry-run | passed |" in text
+    assert "| cpu | tiled | float32 |" in text  # the self-check's output is kept
+    assert (tmp_path / "gpu_results.json").exists()
+    # without a GPU the real run refuses clearly instead of producing empty tables
+    if not torch.cuda.is_available():
+        proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh")], capture_output=True, text=True,
+                              env=env, timeout=300)
+        assert proc.returncode == 2 and "no CUDA GPU" in proc.stderr
