@@ -14,7 +14,9 @@ Progress output (``progress=True``), decided by ``progress_mode()``:
   (``PYTEST_CURRENT_TEST`` is set, and nbval's kernel inherits it), or when stdout is neither a
   terminal nor a kernel (a log file, a pipe).
 
-``progress=False`` prints nothing at all. So the HTML book shows one line per training run.
+``progress=False`` prints nothing at all. So the HTML book shows one line per training run;
+there (``ATTNBOOK_STATIC`` set) the line leaves out the timings, which describe the machine that
+built the book, not the reader's (CHAPTER.md: no build noise in the reader's view).
 """
 from __future__ import annotations
 
@@ -63,9 +65,10 @@ class History:
         w = self.losses[-check_int("window", window, fn="History.final_loss"):]
         return sum(w) / len(w) if w else float("nan")
 
-    def summary(self) -> str:
-        return (f"{self.steps} steps in {self.seconds:.1f} s ({self.steps_per_second:.1f} steps/s), "
-                f"loss {self.initial_loss():.4g} -> {self.final_loss():.4g}")
+    def summary(self, *, timings: bool = True) -> str:
+        """One line: steps, (seconds and steps/s,) first and last loss."""
+        timing = f" in {self.seconds:.1f} s ({self.steps_per_second:.1f} steps/s)" if timings else ""
+        return f"{self.steps} steps{timing}, loss {self.initial_loss():.4g} -> {self.final_loss():.4g}"
 
 
 def _in_kernel() -> bool:
@@ -214,7 +217,8 @@ def fit(model: torch.nn.Module, batches, *, loss_fn: Callable, steps: int | None
         if bar is not None:
             bar.close()
     if mode == "line":
-        print(f"fit: {hist.summary()}" + ("" if hist.stopped_by != "nonfinite" else " (stopped: loss not finite)"))
+        built = os.environ.get("ATTNBOOK_STATIC", "") not in ("", "0")
+        print(f"fit: {hist.summary(timings=not built)}" + ("" if hist.stopped_by != "nonfinite" else " (stopped: loss not finite)"))
     return hist
 
 
