@@ -7,7 +7,8 @@ Two families, both batched over padded source sentences (bool masks, True = real
   ``s_t = f(s_{t-1}, y_{t-1}, c)`` and ``P(y_t | ...) = g(s_t, y_{t-1}, c)``.
   ``context="init"`` is Sutskever et al. 2014: ``c`` only initialises the decoder,
   ``s_t = f(s_{t-1}, y_{t-1})`` and ``P(y_t | ...) = softmax(W_o s_t)`` (they also reversed the
-  source and used 4-layer LSTMs; here it is one GRU layer either way).
+  source, used 4-layer LSTMs and took c itself as the initial state; here it is one GRU layer
+  and ``s_0 = tanh(W_init c)`` in both modes).
 * ``AttentionSeq2Seq``: a new context ``c_t`` at every step, from the three steps of chapter 03
   (score, masked softmax, weighted sum). Two data flows, chosen with ``flow``:
 
@@ -43,10 +44,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from . import additive_scores, dot_scores, general_scores, masked_softmax, scaled_dot_scores
 from ._checks import check_bool, check_choice, check_float, check_int, check_tensor
 
-try:
-    from .decoding import beam_search, exact_map, greedy_decode, greedy_decode_batch
-except ImportError:  # TEMPORARY: until lib/attnbook/decoding.py lands
-    pass
+from .decoding import beam_search, exact_map, greedy_decode, greedy_decode_batch
 
 __all__ = [
     "FLOWS",
@@ -122,7 +120,7 @@ def _check_src_mask(src: torch.Tensor, src_mask, *, fn: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 class AttentionScore(nn.Module):
-    """Step 1 of chapter 03's three steps: a score ``e_tj`` for every query s_t and key h_j.
+    """Step 1 of the three steps: a score for every query s_t and key h_j (chapter 03, eqs. 1-4).
 
     ``kind`` picks one of the library's score functions (no second implementation here):
     ``"dot"``: ``s . h`` (needs ``d_query == d_key``, no parameters); ``"scaled_dot"``:
@@ -333,7 +331,7 @@ class Seq2Seq(_Seq2SeqBase):
 # ---------------------------------------------------------------------------------------------
 
 class AttentionSeq2Seq(_Seq2SeqBase):
-    """GRU encoder-decoder with attention, Bahdanau or Luong data flow (chapter 03, eqs. 3.1-3.3).
+    """GRU encoder-decoder with attention, Bahdanau or Luong data flow (chapter 03, eqs. 11-12).
 
     Args:
         src_vocab, tgt_vocab: vocabulary sizes.
@@ -394,11 +392,12 @@ class AttentionSeq2Seq(_Seq2SeqBase):
 
     def attend(self, query: torch.Tensor, enc: EncoderOutput, *,
                temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-        """The three steps for queries ``(B, Tq, d_hidden)``: ``(contexts (B, Tq, D_k), weights (B, Tq, S))``.
+        """The three steps (chapter 03, eqs. 1-6) for queries ``(B, Tq, d_hidden)``.
 
         1. ``e = score(query, memory) / temperature``; PAD keys -> ``-inf``;
         2. ``alpha = masked_softmax(e)`` (exactly 0 on PAD, > 0 elsewhere);
         3. ``c = alpha H`` (weighted sum of the encoder states).
+        Returns ``(contexts (B, Tq, D_k), weights (B, Tq, S))``.
         """
         scores = self.score(query, enc.memory) / temperature             # (B, Tq, S)
         scores = scores.masked_fill(~enc.mask[:, None, :], float("-inf"))
