@@ -223,6 +223,43 @@ def test_early_stop_only_when_no_live_prefix_can_win():
     assert max(calls) == 8 and hyps[0].tokens == (EOS,)
 
 
+def reference_beam(step, *, bos, eos, beam_size, max_len, alpha):
+    """Beam search written plainly, WITHOUT early stopping: runs until no prefix is live.
+
+    Returns (best (tokens, log P, score), number of steps run)."""
+    beam, finished, steps = [((), 0.0)], [], 0
+    for t in range(1, max_len + 1):
+        if not beam:
+            break
+        steps = t
+        logp = step(torch.tensor([[bos, *p] for p, _ in beam])).double()
+        cands = [(p + (v,), lp + row[v].item()) for (p, lp), row in zip(beam, logp)
+                 for v in (range(len(row)) if t < max_len else [eos])]
+        kept = sorted(cands, key=lambda c: -c[1])[:beam_size]     # stable, as the library
+        finished += [(p, lp, lp / length_penalty(t, alpha)) for p, lp in kept if p[-1] == eos]
+        beam = [(p, lp) for p, lp in kept if p[-1] != eos]
+    return max(finished, key=lambda h: h[2]), steps
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.5, 3.0])
+def test_early_stop_never_changes_the_result(alpha):
+    # the bound log P(prefix) / lp(max_len) must never stop a search that a longer run
+    # would have won (alpha = 3 catches a bound that used lp(t), stopping at the first
+    # finished output fails at every alpha); the control counts searches really cut short
+    stopped_early = 0
+    for name, step in models(45):
+        for k in (1, 2, 3):
+            calls = []
+            counting = lambda p, step=step: (calls.append(p.shape[1]), step(p))[1]  # noqa: E731
+            got = beam_search(counting, bos=BOS, eos=EOS, beam_size=k, max_len=6, alpha=alpha)[0]
+            (tokens, _, score), steps = reference_beam(step, bos=BOS, eos=EOS, beam_size=k,
+                                                       max_len=6, alpha=alpha)
+            assert got.tokens == tokens, (name, k)
+            assert got.score == pytest.approx(score, rel=1e-12, abs=1e-12), (name, k)
+            stopped_early += max(calls) < steps                 # the bound cut the search
+    assert stopped_early >= 10
+
+
 # ----------------------------------------------------------------------------- EOS, max_len, scores
 
 def test_eos_is_forced_at_max_len_and_its_logprob_counted():

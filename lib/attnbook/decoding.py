@@ -17,9 +17,9 @@ What is searched (the same for all functions, so that their results are comparab
   counts the EOS; the returned ``tokens`` hold y without BOS, EOS included;
 - at step max_len the only allowed token is EOS (its log-probability under the model is
   still counted, as in fairseq), so every search returns complete outputs;
-- log P(y|x) = sum_t log P(y_t | y_<t, x) (the chain rule, chapter 02);
+- log P(y|x) = sum_t log P(y_t | y_<t, x) (the chain rule, chapter 02, eq-ch02-chain-eos);
 - the search score is log P(y|x) / lp(|y|), lp(|y|) = ((5 + |y|) / 6) ** alpha (GNMT,
-  Wu et al. 2016); alpha = 0 ranks by log P(y|x) itself.
+  Wu et al. 2016; chapter 02, eq-ch02-lp); alpha = 0 ranks by log P(y|x) itself.
 """
 from __future__ import annotations
 
@@ -67,7 +67,10 @@ class BeamStep(NamedTuple):
 
 
 def length_penalty(length: int, alpha: float) -> float:
-    """GNMT length penalty lp(|y|) = ((5 + |y|) / 6) ** alpha (Wu et al. 2016, section 7)."""
+    """GNMT length penalty lp(|y|) = ((5 + |y|) / 6) ** alpha (chapter 02, eq-ch02-lp).
+
+    Wu et al. 2016, section 7; |y| counts the EOS, so the empty output has lp = 1.
+    """
     return ((5 + length) / 6) ** alpha
 
 
@@ -109,7 +112,10 @@ def _start(bos: int, n: int = 1) -> torch.Tensor:
 
 
 def score_sequence(step: Step, tokens, *, bos: int) -> float:
-    """log P(y|x) = sum_t log P(y_t | BOS y_<t) by teacher forcing: feed the gold prefixes."""
+    """log P(y|x) = sum_t log P(y_t | BOS y_<t) by teacher forcing (chapter 02, eq-ch02-chain-eos).
+
+    Feeds the gold prefixes BOS, BOS y_1, ... one call per token.
+    """
     fn = "score_sequence"
     _check_step(step, fn)
     check_int("bos", bos, fn=fn, minimum=0)
@@ -273,7 +279,7 @@ def enumerate_sequences(step: Step, *, bos: int, eos: int, vocab_size: int,
 
 def exact_map(step: Step, *, bos: int, eos: int, vocab_size: int, max_len: int,
               alpha: float = 0.0) -> Hypothesis:
-    """The exact MAP output argmax_y log P(y|x) / lp(|y|), found by enumerating every output.
+    """The exact MAP output argmax_y log P(y|x) / lp(|y|) by enumeration (chapter 02, eq-ch02-map).
 
     Only for tiny vocabularies: the search space grows like (V - 1)^max_len, which is why
     real decoders use greedy or beam search (chapter 02). Ties go to the output listed first
