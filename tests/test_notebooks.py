@@ -195,12 +195,24 @@ def test_url_in_config_is_the_single_source(tmp_path):
     rel = "chapters/04_attention_qkv.ipynb"
     assert colab.badge_markdown(rel, config_path=forked) == (
         "[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
-        "(https://colab.research.google.com/github/someone/attn-fork/blob/v2-draft/chapters/04_attention_qkv.ipynb)"
+        "(https://colab.research.google.com/github/someone/attn-fork/blob/v2-draft/colab/04_attention_qkv.ipynb)"
     )
     setup = colab.setup_cell_source(config_path=forked)
     assert '"attnbook @ git+https://github.com/someone/attn-fork@v2-draft"' in setup
     assert repo.url not in setup and repo.url not in colab.badge_markdown(rel, config_path=forked)
     assert setup != colab.setup_cell_source()
+
+
+def test_setup_cell_lines_fit_the_text_column():
+    lines = colab.setup_cell_source().split("\n")
+    too_long = [line for line in lines if len(line) > colab.MAX_LINE]
+    assert not too_long, f"setup cell lines longer than {colab.MAX_LINE} characters (CHAPTER.md 14): {too_long}"
+
+
+def test_chapter_badge_opens_the_colab_edition():
+    badge = colab.badge_markdown("chapters/04_attention_qkv.ipynb")
+    assert badge.endswith("/colab/04_attention_qkv.ipynb)"), badge
+    assert colab.colab_target("appendix/x.ipynb") == "appendix/x.ipynb"
 
 
 def test_sync_rewrites_only_the_header(tmp_path):

@@ -3,10 +3,11 @@
 The repository URL and branch live in one place, `_config.yml`'s `repository.url` and
 `repository.branch`. Every chapter notebook starts with
 
-    cell 0 (markdown): "# <title>", a blank line, then the badge line
-        [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/ORG/REPO/blob/BRANCH/chapters/NN_slug.ipynb)
+    cell 0 (markdown): "# <title>", a blank line, then the badge line, which opens the
+        chapter's Colab edition (colab/NN_slug.ipynb, plain Markdown: tools/colab_edition.py)
+        [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/ORG/REPO/blob/BRANCH/colab/NN_slug.ipynb)
     cell 1 (code): `setup_cell_source()`: on Colab it pip-installs attnbook from the
-        repository at BRANCH; anywhere else it does nothing.
+        repository at BRANCH; anywhere else it does nothing. Every line is <= 88 characters.
 
 `sync()` rewrites those two pieces in place (leaving every other cell, the metadata and the
 cell ids alone) and `sync(check_only=True)` reports notebooks that are out of date.
@@ -35,6 +36,8 @@ PACKAGE = "attnbook"
 BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
 BADGE_PREFIX = "[![Open In Colab]("
 SETUP_MARKER = "google.colab"            # a code cell 1 containing this is the setup cell
+EDITION_DIR = "colab"                    # the Colab edition of chapters/NN_slug.ipynb
+MAX_LINE = 88                            # CHAPTER.md point 14: code lines <= 88 characters
 _GITHUB = re.compile(r"^https://github\.com/([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+?)(?:\.git)?/?$")
 
 
@@ -79,9 +82,25 @@ def colab_url(nb_relpath: str | Path, *, config_path: str | Path = CONFIG) -> st
     return f"https://colab.research.google.com/github/{repo.org}/{repo.name}/blob/{repo.branch}/{rel}"
 
 
+def colab_target(nb_relpath: str | Path) -> str:
+    """The notebook Colab should open for `nb_relpath`: a chapter's Colab edition.
+
+    chapters/NN_slug.ipynb -> colab/NN_slug.ipynb (MyST turned into plain Markdown, see
+    tools/colab_edition.py); any other path is returned unchanged.
+    """
+    rel = Path(nb_relpath).as_posix()
+    if rel.startswith("chapters/") and rel.count("/") == 1:
+        return f"{EDITION_DIR}/{rel.split('/', 1)[1]}"
+    return rel
+
+
 def badge_markdown(nb_relpath: str | Path, *, config_path: str | Path = CONFIG) -> str:
-    """The one-line "Open In Colab" badge for a notebook, e.g. for chapters/04_attention_qkv.ipynb."""
-    return f"{BADGE_PREFIX}{BADGE_IMAGE})]({colab_url(nb_relpath, config_path=config_path)})"
+    """The one-line "Open In Colab" badge of a notebook, e.g. of chapters/04_attention_qkv.ipynb.
+
+    A chapter's badge opens its Colab edition (colab/04_attention_qkv.ipynb), which Colab renders
+    without raw MyST markup.
+    """
+    return f"{BADGE_PREFIX}{BADGE_IMAGE})]({colab_url(colab_target(nb_relpath), config_path=config_path)})"
 
 
 def install_requirement(*, config_path: str | Path = CONFIG) -> str:
@@ -93,10 +112,11 @@ def install_requirement(*, config_path: str | Path = CONFIG) -> str:
 def setup_cell_source(*, config_path: str | Path = CONFIG) -> str:
     """Source of every chapter's first code cell: install attnbook on Colab, do nothing elsewhere."""
     return (
-        "# On Google Colab, install the book's companion library; elsewhere this cell does nothing.\n"
-        "# The import right after the install makes a failed install stop here, loudly, instead of\n"
-        "# letting later cells fail one by one. pip's note that you 'may need to restart' does not\n"
-        "# apply: attnbook is new to this runtime, and torch/numpy are kept as Colab ships them.\n"
+        "# On Google Colab, install the book's companion library; elsewhere this does nothing.\n"
+        "# The import right after the install makes a failed install stop here, loudly, instead\n"
+        "# of letting later cells fail one by one. pip's note that you 'may need to restart'\n"
+        "# does not apply: attnbook is new to this runtime, and torch, numpy and matplotlib\n"
+        "# stay as Colab ships them.\n"
         "import sys\n"
         "\n"
         f'if "{SETUP_MARKER}" in sys.modules:\n'
