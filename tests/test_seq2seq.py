@@ -392,8 +392,12 @@ def test_a_few_steps_of_training_learn_to_copy():
 def test_constructor_validation():
     with pytest.raises(ValueError, match="`flow` must be one of"):
         AttentionSeq2Seq(5, 5, flow="vaswani")
-    with pytest.raises(ValueError, match="`score` must be one of|`kind` must be one of"):
+    with pytest.raises(ValueError, match="AttentionSeq2Seq: `score` must be one of"):
         AttentionSeq2Seq(5, 5, score="cosine")
+    with pytest.raises(ValueError, match="AttentionSeq2Seq: `pad_id` must be a token id"):
+        AttentionSeq2Seq(5, 9, pad_id=5)
+    with pytest.raises(TypeError, match="AttentionSeq2Seq: `d_emb` must be an int"):
+        AttentionSeq2Seq(5, 5, d_emb=2.5)
     with pytest.raises(ValueError, match=r"dim\(s\) == dim\(h\).*d_enc=32"):
         AttentionSeq2Seq(5, 5, d_hidden=64, score="dot", flow="bahdanau")
     with pytest.raises(ValueError, match="input_feeding"):
@@ -402,8 +406,12 @@ def test_constructor_validation():
         AttentionSeq2Seq(5, 5, flow="luong", input_feeding=1)
     with pytest.raises(ValueError, match="`context` must be one of"):
         Seq2Seq(5, 5, context="sometimes")
-    with pytest.raises(ValueError, match="`d_hidden` must be an int >= 1"):
+    with pytest.raises(ValueError, match="Seq2Seq: `d_hidden` must be an int >= 1"):
         Seq2Seq(5, 5, d_hidden=0)
+    model = plain_model()
+    src, mask, tgt = batch(LENGTHS)
+    with pytest.raises(ValueError, match=r"`s0` must have shape \(B, d_hidden\)"):
+        model.decode(tgt, model.encode(src, mask), s0=torch.zeros(4, D + 1, dtype=f64))
     with pytest.raises(ValueError, match="d_query == d_key"):
         AttentionScore("scaled_dot", 4, 6)
     with pytest.raises(ValueError, match="d_attn"):

@@ -99,6 +99,16 @@ def _check_tokens(name: str, t, vocab_size: int, *, fn: str) -> None:
                          f"got min {int(t.min())}, max {int(t.max())}")
 
 
+def _check_sizes(fn: str, *, src_vocab, tgt_vocab, d_emb, d_hidden, pad_id) -> None:
+    for name, value in (("src_vocab", src_vocab), ("tgt_vocab", tgt_vocab), ("d_emb", d_emb),
+                        ("d_hidden", d_hidden)):
+        check_int(name, value, fn=fn)
+    check_int("pad_id", pad_id, fn=fn, minimum=0)
+    if pad_id >= min(src_vocab, tgt_vocab):
+        raise ValueError(f"{fn}: `pad_id` must be a token id of both vocabularies (< "
+                         f"{min(src_vocab, tgt_vocab)}), got {pad_id}")
+
+
 def _check_src_mask(src: torch.Tensor, src_mask, *, fn: str) -> None:
     check_tensor("src_mask", src_mask, fn=fn, min_ndim=2, floating=False)
     if src_mask.dtype != torch.bool:
@@ -298,7 +308,9 @@ class Seq2Seq(_Seq2SeqBase):
                  context: str = "every_step", pad_id: int = 0):
         super().__init__()
         fn = "Seq2Seq"
-        self.tgt_vocab = check_int("tgt_vocab", tgt_vocab, fn=fn)
+        _check_sizes(fn, src_vocab=src_vocab, tgt_vocab=tgt_vocab, d_emb=d_emb,
+                     d_hidden=d_hidden, pad_id=pad_id)
+        self.tgt_vocab = tgt_vocab
         self.context = check_choice("context", context, CONTEXTS, fn=fn)
         self.encoder = GRUEncoder(src_vocab, d_emb, d_hidden, pad_id=pad_id)
         self.d_hidden = d_hidden
@@ -314,6 +326,11 @@ class Seq2Seq(_Seq2SeqBase):
         c = enc.summary                                            # (B, d_hidden)
         if s0 is None:
             s0 = torch.tanh(self.init(c))                          # s_0
+        else:
+            check_tensor("s0", s0, fn="Seq2Seq.decode", min_ndim=2)
+            if s0.shape != c.shape:
+                raise ValueError(f"Seq2Seq.decode: `s0` must have shape (B, d_hidden) = "
+                                 f"{tuple(c.shape)}, got {tuple(s0.shape)}")
         e = self.embed(tgt_in)                                     # (B, T, d_emb)
         c_all = c[:, None].expand(-1, tgt_in.shape[1], -1)         # (B, T, d_hidden)
         if self.context == "every_step":
@@ -356,9 +373,11 @@ class AttentionSeq2Seq(_Seq2SeqBase):
                  d_attn: int | None = None, pad_id: int = 0):
         super().__init__()
         fn = "AttentionSeq2Seq"
-        self.tgt_vocab = check_int("tgt_vocab", tgt_vocab, fn=fn)
+        _check_sizes(fn, src_vocab=src_vocab, tgt_vocab=tgt_vocab, d_emb=d_emb,
+                     d_hidden=d_hidden, pad_id=pad_id)
+        self.tgt_vocab = tgt_vocab
         self.flow = check_choice("flow", flow, FLOWS, fn=fn)
-        d_hidden = check_int("d_hidden", d_hidden, fn=fn)
+        score = check_choice("score", score, SCORES, fn=fn)
         d_enc = d_hidden if d_enc is None else check_int("d_enc", d_enc, fn=fn)
         if bidirectional is None:
             bidirectional = flow == "bahdanau"
