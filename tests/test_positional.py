@@ -144,7 +144,7 @@ def _rope_complex(x, positions, base=10000.0):
 
 
 def _rotate_half_reference(x, positions, base=10000.0):
-    """Independent oracle: the GPT-NeoX / LLaMA `rotate_half` formulation."""
+    """Independent oracle: the `rotate_half` formulation (GPT-NeoX, Hugging Face LLaMA)."""
     omega = frequencies(x.shape[-1], base=base)
     angle = positions.double()[..., None] * omega
     cos, sin = torch.cat([angle.cos()] * 2, -1), torch.cat([angle.sin()] * 2, -1)

@@ -7,7 +7,8 @@ gives it a sense of order:
   out interleaved (even dims sin, odd dims cos); ``rotation_matrix(k)`` is the block-diagonal
   ``M_k`` with ``PE[p + k] = PE[p] @ M_k`` (row-vector convention);
 - ``apply_rope``: RoFormer's rotary embedding, applied to queries and keys (never values), in
-  RoFormer's adjacent-pair layout or GPT-NeoX / LLaMA's half-split layout;
+  RoFormer's adjacent-pair layout or the half-split ``rotate_half`` layout (GPT-NeoX,
+  Hugging Face's LLaMA; Meta's original LLaMA code pairs adjacent features);
 - ``alibi_slopes`` / ``alibi_bias``: Press et al.'s linear biases, an additive float mask for
   :func:`attnbook.attention`.
 
@@ -135,7 +136,8 @@ def apply_rope(x: torch.Tensor, positions=None, *, base: float = 10000.0,
             (integers or floats); default ``0 .. T - 1``.
         base: the ladder's base (10000 in RoFormer; larger in some long-context models).
         pairing: ``"interleaved"`` rotates ``(x_0, x_1), (x_2, x_3), ...`` (RoFormer);
-            ``"half"`` rotates ``(x_i, x_{i + D/2})`` (GPT-NeoX, LLaMA's ``rotate_half``).
+            ``"half"`` rotates ``(x_i, x_{i + D/2})`` (``rotate_half`` in GPT-NeoX and in
+            Hugging Face's LLaMA).
     Returns:
         A tensor like ``x``; norms are preserved. Angles are computed in float64, then cast.
     """
