@@ -450,8 +450,11 @@ def main(argv=None) -> int:
     if args.interpret:
         import os
 
-        if "attnbook.triton_flash" in sys.modules and not sys.modules["attnbook.triton_flash"]._INTERPRETED:
-            p.error("--interpret: attnbook.triton_flash was already imported without TRITON_INTERPRET=1")
+        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            # triton's own @triton.jit helpers (the combine functions of tl.max, tl.sum) are built
+            # when triton is imported: the interpreter must be chosen before that
+            p.error("--interpret: triton was already imported without TRITON_INTERPRET=1; "
+                    "run TRITON_INTERPRET=1 python -m attnbook.selfcheck instead")
         os.environ["TRITON_INTERPRET"] = "1"
     result = selfcheck(devices=args.device, dtypes=args.dtypes, backends=args.backends, d=args.dim)
     return 1 if any(r["result"] in ("FAIL", "error") for r in result["rows"]) else 0
