@@ -270,8 +270,9 @@ def attention_ref(q, k, v, *, mask=None, causal=False, scale=None):
     # masked_fill, not "+ (-inf)": a hidden key whose k holds NaN must give -inf, not NaN + -inf = NaN.
     scores = scores.masked_fill(~visible, float("-inf"))
     weights = masked_softmax(scores)  # (..., Tq, Tk)
-    lse = torch.logsumexp(scores, dim=-1) if tk else scores.new_full(scores.shape[:-1], float("-inf"))
+    # detached before the reduction: logsumexp would otherwise keep the scores for a backward
+    lse = torch.logsumexp(scores.detach(), dim=-1) if tk else scores.new_full(scores.shape[:-1], float("-inf"))
     if not has_nonfinite(v):
-        return AttentionResult(weights @ v, lse.detach(), weights)  # (..., Tq, Dv)
+        return AttentionResult(weights @ v, lse, weights)  # (..., Tq, Dv)
     out = weights @ v.masked_fill(~torch.isfinite(v.detach()), 0.0)  # hidden keys: weight 0 times 0, not 0 * NaN
-    return AttentionResult(propagate_nonfinite(out, v, visible), lse.detach(), weights)
+    return AttentionResult(propagate_nonfinite(out, v, visible), lse, weights)
