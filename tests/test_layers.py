@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from unittest import mock
 
 import pytest
 import torch
@@ -313,10 +314,15 @@ def test_encoder_layer_equals_torch(norm_first, activation):
     mine = EncoderLayer.from_torch(ref).eval()
     assert mine.norm_first == norm_first and mine.ffn.activation == activation
     x = randn(3, 7, 16, seed=19)
-    expected = ref(x)                                          # grad enabled: PyTorch's Python path
+    fused_fn = torch._transformer_encoder_layer_fwd
+    with mock.patch.object(torch, "_transformer_encoder_layer_fwd", wraps=fused_fn) as fused:
+        expected = ref(x)                                      # grad enabled: PyTorch's Python path
+        assert fused.call_count == 0
+        with torch.no_grad():                                  # eval + no_grad: the fused C++ path
+            fast = ref(x)
+        assert fused.call_count == 1                           # (float64 included, torch 2.13)
     torch.testing.assert_close(mine(x), expected, **TOL)
-    with torch.no_grad():                                      # may take PyTorch's fused fast path
-        torch.testing.assert_close(mine(x), ref(x), **TOL)
+    torch.testing.assert_close(mine(x), fast, **TOL)
     # control: the other norm order (same weights) is a different function
     other = EncoderLayer.from_torch(ref)
     other.norm_first = not norm_first

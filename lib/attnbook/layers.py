@@ -37,7 +37,7 @@ ACTIVATIONS = ("relu", "gelu", "swiglu")
 # ---------------------------------------------------------------------------------------------
 
 def layer_norm(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5) -> torch.Tensor:
-    """Layer normalization over the last dim (chapter 08, eq. eq-ch08-layernorm).
+    """Layer normalization over the last dim (chapter 08, eq. 3).
 
     y = (x - mean(x)) / sqrt(var(x) + eps) * weight + bias, where mean and var are taken over
     the last dim and var is the *biased* variance (divide by d, not d - 1), with eps inside the
@@ -72,7 +72,7 @@ def layer_norm(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5) -> to
 
 
 class LayerNorm(nn.Module):
-    """LayerNorm written from its formula (chapter 08, eq. eq-ch08-layernorm); equals ``nn.LayerNorm``.
+    """LayerNorm written from its formula (chapter 08, eq. 3); equals ``nn.LayerNorm``.
 
     Normalizes each row (one token's d features) with its own mean and biased variance; no
     statistics are shared across the batch or kept between calls, so training and evaluation
@@ -142,7 +142,7 @@ def swiglu_hidden_size(d_model: int, *, multiple_of: int = 1) -> int:
 
 
 class FeedForward(nn.Module):
-    """Position-wise feed-forward network (chapter 07, eq. eq-ch07-ffn): the same map on every row.
+    """Position-wise feed-forward network (chapter 07, eq. 1): the same map on every row.
 
     relu / gelu:  FFN(x) = act(x W_1 + b_1) W_2 + b_2         (W_1: d_model x d_ff)
     swiglu:       FFN(x) = (SiLU(x W_g + b_g) * (x W_1 + b_1)) W_2 + b_2   (Shazeer 2020)
@@ -197,10 +197,10 @@ class FeedForward(nn.Module):
 # ---------------------------------------------------------------------------------------------
 
 class ResidualBlock(nn.Module):
-    """A sublayer f with its residual connection and LayerNorm (chapter 08, eq. eq-ch08-pre-post).
+    """A sublayer f with its residual connection and LayerNorm (chapter 08, eq. 2).
 
     Post-LN (``norm_first=False``, the original Transformer):  y = LN(x + f(x))
-    Pre-LN  (``norm_first=True``, GPT-2 and later):           y = x + f(LN(x))
+    Pre-LN  (``norm_first=True``, e.g. GPT-2):                y = x + f(LN(x))
 
     Extra positional and keyword arguments of ``forward`` go to ``f`` (e.g. an attention mask);
     a sublayer returning a named tuple with an ``out`` field (``MultiHeadAttention``) contributes
@@ -259,7 +259,7 @@ class EncoderLayer(nn.Module):
 
     Post-LN (``norm_first=False``, Vaswani et al. 2017):
         x = LN_1(x + MHA(x));        x = LN_2(x + FFN(x))
-    Pre-LN (``norm_first=True``, GPT-2 and later):
+    Pre-LN (``norm_first=True``, e.g. GPT-2; older than GPT-2, see chapter 08):
         x = x + MHA(LN_1(x));        x = x + FFN(LN_2(x))
     A Pre-LN stack needs one more LayerNorm after its last layer (chapter 08); it is not part
     of the layer.
