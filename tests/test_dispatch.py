@@ -199,6 +199,9 @@ def test_auto_decision_on_cuda(monkeypatch):
 
     q = CudaLike()
     monkeypatch.setattr(dispatch, "check_attention_args", lambda *a, **k: 1.0)  # validated elsewhere
+    import attnbook.selfcheck  # the first-use self-check has its own tests (test_selfcheck.py)
+
+    monkeypatch.setattr(attnbook.selfcheck, "triton_trusted", lambda *a, **k: True)
     fn = dispatch.BACKENDS["triton"].fn
     monkeypatch.setitem(dispatch.BACKENDS, "triton", dispatch.Backend(fn, lambda *a: (True, "")))
     assert dispatch.choose_backend(q, q, q) == "triton"

@@ -137,13 +137,16 @@ def _choose(q, k, v, mask, causal=None) -> str:
     return "triton" if selfcheck.triton_trusted(q, k, v, mask, causal) else "tiled"
 
 
-def choose_backend(q, k, v, mask=None) -> str:
+def choose_backend(q, k, v, mask=None, *, causal=None) -> str:
     """The backend ``"auto"`` uses: ``"triton"`` on CUDA when it can serve, else ``"tiled"``.
 
+    ``causal`` (a bool, or None for "either") selects which self-check verdict applies on CUDA.
     Raises TypeError / ValueError for arguments no backend accepts (as :func:`attention` does).
     """
     check_attention_args(q, k, v, mask, fn="choose_backend")
-    return _choose(q, k, v, mask)
+    if causal is not None:
+        causal = check_bool("causal", causal, fn="choose_backend")
+    return _choose(q, k, v, mask, causal)
 
 
 def available_backends(q, k, v, mask=None) -> list[str]:
@@ -178,7 +181,7 @@ def attention(q, k, v, *, mask=None, causal=False, scale=None, backend: str = "a
     scale = check_attention_args(q, k, v, mask, scale, fn="attention")
     causal = check_bool("causal", causal, fn="attention")
     if backend == "auto":
-        backend = _choose(q, k, v, mask)
+        backend = _choose(q, k, v, mask, causal)
     entry = BACKENDS[backend]
     ok, why = entry.supports(q, k, v, mask)
     if not ok:
