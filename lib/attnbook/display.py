@@ -22,6 +22,8 @@ def source_of(obj) -> tuple[str, str, int]:
     package is installed (editable checkout, site-packages on Colab).
     """
     obj = inspect.unwrap(obj)  # a decorated kernel: show the function the reader calls, not its wrapper
+    if type(obj).__name__ == "JITFunction" and callable(getattr(obj, "fn", None)):
+        obj = obj.fn  # a @triton.jit kernel: its Python source
     try:
         path = Path(inspect.getsourcefile(obj)).resolve()
         lines, first = inspect.getsourcelines(obj)

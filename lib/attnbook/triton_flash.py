@@ -11,8 +11,10 @@ Conventions are those of :func:`attnbook.reference.attention_ref`: causal is top
 attend a key. The kernels take key-padding masks: bool masks broadcastable to (B, H, Tq, Tk)
 whose query dim is 1, e.g. ``attnbook.padding_mask(lengths, Tk)`` -> (B, 1, 1, Tk).
 Supported: float16, bfloat16 (compute capability >= 8.0), float32, (B, H, T, D) inputs with
-head dims D, Dv in 1..128. On CPU the kernels run under ``TRITON_INTERPRET=1`` (set before
-this module is first imported), except bfloat16: the interpreter's tl.dot multiplies raw bf16
+head dims D, Dv in 1..128. On CPU the kernels run under ``TRITON_INTERPRET=1``, which must be
+set before ``triton`` itself is first imported in the process (not only before this module:
+``torch.utils.flop_counter`` imports triton too; set too late, kernels fail with "Cannot call
+@triton.jit'd outside of the scope of a kernel"), except bfloat16: the interpreter's tl.dot multiplies raw bf16
 bit patterns, so it is reported unsupported there.
 
 A key the mask hides never reaches the output, as in every attnbook backend: the kernels score
