@@ -1,10 +1,13 @@
 """Checks on the BUILT book (`python make.py book` first): links, offline assets, search, math.
 
-Static checks parse `_build/html` with BeautifulSoup (marker `book`); the browser check opens
+Static checks parse `_build/html` with BeautifulSoup (marker `book`); the browser checks open
 every page in Debian's Chromium through Playwright with all non-loopback traffic blocked
-(markers `book` and `browser`) and asserts that MathJax typeset every formula.
-Set ATTNBOOK_HTML_DIR to check a build elsewhere; set ATTNBOOK_SCREENSHOTS=DIR to save
-a full-page screenshot of every page the browser test visits.
+(markers `book` and `browser`): at 1280 px MathJax typeset every formula and display equations
+fit the column; at 390 px (a phone) nothing is wider than the screen unless it sits in a box
+that scrolls sideways, every table column keeps room for ~6 characters, and inline formulas stay
+inside their paragraph; the search page shows snippets without raw LaTeX.
+Every page visited is saved as a full-page screenshot in _build/screenshots/{desktop,phone}/
+(ATTNBOOK_SCREENSHOTS=DIR saves them elsewhere). Set ATTNBOOK_HTML_DIR to check a build elsewhere.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 HTML = Path(os.environ.get("ATTNBOOK_HTML_DIR", ROOT / "_build" / "html")).resolve()
 CHROMIUM = Path("/usr/bin/chromium")
 MATHJAX_ENTRY = "_static/mathjax/tex-chtml.js"
+SCREENSHOTS = Path(os.environ.get("ATTNBOOK_SCREENSHOTS", HTML.parent / "screenshots"))
+PHONE = {"width": 390, "height": 844}
+MIN_COLUMN_CHARS = 5.5          # a table column's content box holds at least ~6 Chinese characters
 
 pytestmark = [
     pytest.mark.book,
@@ -94,14 +100,62 @@ def test_internal_links_anchors_and_images_resolve():
     assert not problems, "broken internal references:\n" + "\n".join(problems[:50])
 
 
-def test_no_page_loads_scripts_or_styles_from_the_network():
+def test_no_page_loads_scripts_styles_or_images_from_the_network():
     external = []
     for page in _pages():
         soup = _soup(page)
         refs = [s["src"] for s in soup.find_all("script", src=True)]
-        refs += [link["href"] for link in soup.find_all("link", href=True) if "stylesheet" in (link.get("rel") or [])]
-        external += [f"{page.relative_to(HTML)}: {r}" for r in refs if _is_external(r)]
+        refs += [img["src"] for img in soup.find_all("img", src=True)]      # e.g. the Colab badge
+        refs += [link["href"] for link in soup.find_all("link", href=True)
+                 if {"stylesheet", "icon"} & set(link.get("rel") or [])]
+        external += [f"{page.relative_to(HTML)}: {r}" for r in refs if _is_external(r) and not r.startswith("data:")]
     assert not external, "the book must work offline; external assets:\n" + "\n".join(external[:30])
+
+
+def test_favicon():
+    icons = [link["href"] for link in _soup(HTML / "index.html").find_all("link", href=True)
+             if "icon" in (link.get("rel") or [])]
+    assert icons, "no <link rel=icon> (html.favicon in _config.yml)"
+    assert all((HTML / unquote(urlsplit(i).path)).is_file() for i in icons), icons
+
+
+def _chapter_pages() -> list[Path]:
+    return sorted((HTML / "chapters").glob("*.html"))
+
+
+def test_chapter_pages_launch_the_colab_edition():
+    for page in _chapter_pages():
+        links = [a["href"] for a in _soup(page).find_all("a", href=True)
+                 if a["href"].startswith("https://colab.research.google.com/")]
+        assert links, f"{page.name}: no Colab launch button"
+        for href in links:
+            assert href.endswith(f"/colab/{page.stem}.ipynb"), f"{page.name}: {href} does not open the Colab edition"
+        assert (ROOT / "colab" / f"{page.stem}.ipynb").is_file(), f"colab/{page.stem}.ipynb missing: run make.py colab"
+
+
+def test_chapter_pages_show_when_they_were_verified():
+    for page in _chapter_pages():
+        line = _soup(page).select_one("p.attnbook-last-verified")
+        assert line is not None, f"{page.name}: no 'last verified' line (tools/book_pages.py)"
+        text = line.get_text()
+        assert re.search(r"最后验证：\d{4}-\d\d-\d\d", text) and "attnbook " in text and "torch " in text, text
+        assert re.search(r"运行 \d+ 秒", text), text
+
+
+def test_equations_are_numbered_per_chapter():
+    for page in _chapter_pages():
+        number = int(page.name[:2])
+        numbers = [e.get_text(strip=True).rstrip("#").strip() for e in _soup(page).select("span.eqno")]
+        numbers = [re.sub(r"[^\d.()]", "", n) for n in numbers]
+        assert numbers == [f"({number}.{k})" for k in range(1, len(numbers) + 1)], (page.name, numbers[:5])
+
+
+def test_interface_strings_are_chinese():
+    english = ("Show code cell", "Hide code cell", "Click to show", "Click to hide", "Search this book")
+    for page in _content_pages():
+        html = page.read_text(encoding="utf-8")
+        found = [s for s in english if s in html]
+        assert not found, f"{page.relative_to(HTML)} still shows {found}"
 
 
 def test_mathjax_is_served_locally_on_pages_with_math():
@@ -154,16 +208,19 @@ def test_no_raw_dollar_signs_in_prose(page):
     assert not raw, f"{page.relative_to(HTML)}: unparsed $...$ (missing dollarmath or a stray $):\n" + "\n".join(raw)
 
 
-def test_chapter_04_shows_its_static_widget_figure():
-    page = HTML / "chapters" / "04_attention_qkv.html"
-    assert page.is_file(), "chapters/04_attention_qkv.html was not built"
+@pytest.mark.parametrize("page", _chapter_pages() if (HTML / "index.html").is_file() else [],
+                         ids=lambda p: p.name)
+def test_static_widget_figure_links_to_its_full_size_image(page):
     soup = _soup(page)
     explore_cells = [c for c in soup.select("div.cell") if "explore(" in c.get_text()]
-    assert explore_cells, "no cell calling explore( is visible on the chapter 04 page (use hide-input, not remove-input)"
+    assert explore_cells, f"no cell calling explore( is visible on {page.name} (use hide-input, not remove-input)"
     images = [img for c in explore_cells for img in c.select(".cell_output img")]
-    assert images, "the explore(...) cell has no static figure (<img>) in its output; was ATTNBOOK_STATIC=1 set?"
-    for img in images:
+    assert images, f"{page.name}: the explore(...) cell has no static figure (<img>); was ATTNBOOK_STATIC=1 set?"
+    for img in soup.select(".cell_output img"):
         assert (page.parent / unquote(urlsplit(img["src"]).path)).is_file(), img["src"]
+        link = img.find_parent("a", href=True)
+        assert link is not None, f"{page.name}: output figure {img['src']} is not a link to its full-size image"
+        assert urlsplit(link["href"]).path == urlsplit(img["src"]).path, (link["href"], img["src"])
 
 
 # ------------------------------------------------------------------------------------- browser
@@ -194,7 +251,8 @@ OVERFLOW_PROBE = """() => {
   }).map(text);
   const inline = [...document.querySelectorAll('p span.math, li span.math')].filter(span => {
     const box = span.closest('p, li').getBoundingClientRect();
-    const r = span.getBoundingClientRect();
+    // the typeset formula, not span.math: that span clips (overflow: hidden) what sticks out
+    const r = (span.querySelector('mjx-container') || span).getBoundingClientRect();
     return r.width > 0 && r.right > box.right + 2;
   }).map(text);
   return {wide, inline};
@@ -223,35 +281,110 @@ def book_url():
     server.server_close()
 
 
-@pytest.mark.browser
-def test_pages_render_in_chromium(book_url):
-    if not CHROMIUM.is_file():
-        pytest.skip(f"{CHROMIUM} not found: `apt-get install chromium` (Debian) to run the browser test")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    shots = os.environ.get("ATTNBOOK_SCREENSHOTS")
-    if shots:
-        Path(shots).mkdir(parents=True, exist_ok=True)
-    failures, visited = [], 0
+# Phone width: what is wider than the screen and not inside a box that scrolls sideways; table
+# columns too narrow for ~6 characters; the page itself scrolling sideways.
+PHONE_PROBE = """(minChars) => {
+  const vw = document.documentElement.clientWidth;
+  const scrolls = el => ['auto', 'scroll'].includes(getComputedStyle(el).overflowX);
+  const describe = el => {
+    const cls = typeof el.className === 'string' ? el.className.trim().split(/\\s+/).slice(0, 2).join('.') : '';
+    return el.tagName.toLowerCase() + (cls ? '.' + cls : '') + ' "' +
+      (el.textContent || '').replace(/\\s+/g, ' ').trim().slice(0, 50) + '"';
+  };
+  const article = document.querySelector('article.bd-article') || document.body;
+  const wide = [];
+  for (const el of article.querySelectorAll('*')) {
+    const r = el.getBoundingClientRect();
+    if (r.width === 0 || r.height === 0) continue;
+    if (r.right <= vw + 1 && r.left >= -1) continue;
+    // contained: some ancestor scrolls sideways and itself fits the screen (scroll boxes nest:
+    // a formula's own box inside a table cell inside the table's scrolling container)
+    let p = el.parentElement, contained = false;
+    while (p && p !== document.documentElement) {
+      if (scrolls(p)) {
+        const pr = p.getBoundingClientRect();
+        if (pr.right <= vw + 1 && pr.left >= -1) { contained = true; break; }
+      }
+      p = p.parentElement;
+    }
+    if (!contained) wide.push(describe(el) + ` (${Math.round(r.left)}..${Math.round(r.right)} px)`);
+  }
+  const narrow = [];
+  article.querySelectorAll('table').forEach((table, t) => {
+    const seen = new Set();
+    for (const row of table.rows) {
+      [...row.cells].forEach((cell, c) => {
+        if (cell.colSpan > 1 || seen.has(c)) return;
+        const cs = getComputedStyle(cell);
+        const fs = parseFloat(cs.fontSize);
+        const content = cell.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
+        if (content < minChars * fs) {
+          seen.add(c);
+          narrow.push(`table ${t + 1} column ${c + 1}: ${Math.round(content)} px < ${minChars} x ${fs} px (` +
+                      describe(cell) + ')');
+        }
+      });
+    }
+  });
+  const pageWidth = document.documentElement.scrollWidth;
+  return {vw, pageWidth, wide: wide.slice(0, 8), nWide: wide.length, narrow: narrow.slice(0, 8)};
+}"""
 
+SEARCH_PROBE = """async () => {
+  const deadline = Date.now() + 30000;
+  while (Date.now() < deadline) {
+    const items = document.querySelectorAll('#search-results li');
+    const status = document.querySelector('#search-results p.search-summary');
+    if (items.length && status && !/Searching|正在搜索|搜索中/.test(status.textContent)) break;
+    await new Promise(r => setTimeout(r, 250));
+  }
+  await new Promise(r => setTimeout(r, 1500));   // snippets are filled in asynchronously
+  const snippets = [...document.querySelectorAll('#search-results li p.context')].map(p => p.textContent);
+  return {n: document.querySelectorAll('#search-results li').length, snippets};
+}"""
+
+
+def _chromium(sync_api, p):
+    return p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+
+
+def _offline(page):
     def route(r):
         host = urlsplit(r.request.url).hostname
         return r.continue_() if host == "127.0.0.1" else r.abort()     # no network beyond loopback
+    page.route("**/*", route)
 
+
+def _need_browser():
+    if not CHROMIUM.is_file():
+        pytest.skip(f"{CHROMIUM} not found: `apt-get install chromium` (Debian) to run the browser test")
+    return pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+
+
+def _shot(page, kind: str, rel: str) -> None:
+    folder = SCREENSHOTS / kind
+    folder.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(folder / (rel.replace("/", "__").removesuffix(".html") + ".png")), full_page=True)
+
+
+@pytest.mark.browser
+def test_pages_render_in_chromium(book_url):
+    sync_api = _need_browser()
+    failures, visited = [], 0
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        browser = _chromium(sync_api, p)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page_errors: list[str] = []
             page.on("pageerror", lambda exc: page_errors.append(str(exc)))
-            page.route("**/*", route)
+            _offline(page)
             for path in _content_pages():
                 rel = path.relative_to(HTML).as_posix()
                 page_errors.clear()
                 page.goto(book_url + rel, wait_until="load")
                 result = page.evaluate(PROBE)
                 visited += 1
-                if shots:
-                    page.screenshot(path=str(Path(shots) / (rel.replace("/", "__") + ".png")), full_page=True)
+                _shot(page, "desktop", rel)
                 if result["nMath"] and result["startup"] != "ok":
                     failures.append(f"{rel}: MathJax startup {result['startup']}")
                 if result["unrendered"]:
@@ -266,17 +399,61 @@ def test_pages_render_in_chromium(book_url):
                 if wide:
                     failures.append(f"{rel}: {len(wide)} display equations wider than the text column at "
                                     f"1280 px (split them over aligned lines): {wide[:3]}")
-            phone = browser.new_page(viewport={"width": 390, "height": 844}, device_scale_factor=2)
-            phone.route("**/*", route)
-            for path in _content_pages():
-                rel = path.relative_to(HTML).as_posix()
-                phone.goto(book_url + rel, wait_until="load")
-                phone.evaluate(PROBE)  # waits for MathJax
-                inline = phone.evaluate(OVERFLOW_PROBE)["inline"]
-                if inline:
-                    failures.append(f"{rel}: {len(inline)} inline formulas run past their paragraph at 390 px "
-                                    f"(make them display math): {inline[:3]}")
         finally:
             browser.close()
     assert visited >= 2
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.browser
+def test_pages_fit_a_phone_screen(book_url):
+    """390 px: nothing wider than the screen outside a sideways-scrolling box, table columns of
+    at least ~6 characters, inline formulas inside their paragraph; screenshots of every page."""
+    sync_api = _need_browser()
+    failures, visited = [], 0
+    with sync_api.sync_playwright() as p:
+        browser = _chromium(sync_api, p)
+        try:
+            phone = browser.new_page(viewport=PHONE, device_scale_factor=2, is_mobile=True, has_touch=True)
+            _offline(phone)
+            for path in _content_pages():
+                rel = path.relative_to(HTML).as_posix()
+                phone.goto(book_url + rel, wait_until="load")
+                phone.evaluate(PROBE)  # waits for MathJax
+                visited += 1
+                inline = phone.evaluate(OVERFLOW_PROBE)["inline"]
+                if inline:
+                    failures.append(f"{rel}: {len(inline)} inline formulas run past their paragraph at 390 px "
+                                    f"(make them display math): {inline[:3]}")
+                fit = phone.evaluate(PHONE_PROBE, MIN_COLUMN_CHARS)
+                if fit["pageWidth"] > fit["vw"] + 1:
+                    failures.append(f"{rel}: the page is {fit['pageWidth']} px wide at {fit['vw']} px (scrolls sideways)")
+                if fit["nWide"]:
+                    failures.append(f"{rel}: {fit['nWide']} elements wider than the screen outside a scrolling box: "
+                                    f"{fit['wide'][:4]}")
+                if fit["narrow"]:
+                    failures.append(f"{rel}: table columns narrower than ~6 characters: {fit['narrow'][:4]}")
+                _shot(phone, "phone", rel)
+        finally:
+            browser.close()
+    assert visited >= 2
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.browser
+def test_search_snippets_have_no_raw_latex(book_url):
+    sync_api = _need_browser()
+    with sync_api.sync_playwright() as p:
+        browser = _chromium(sync_api, p)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            _offline(page)
+            page.goto(book_url + "search.html?q=" + "注意力", wait_until="load")
+            result = page.evaluate(SEARCH_PROBE)
+            _shot(page, "desktop", "search.html")
+        finally:
+            browser.close()
+    assert result["n"] > 0, "searching 注意力 found nothing"
+    assert result["snippets"], "no result snippets were shown"
+    raw = [s[:120] for s in result["snippets"] if re.search(r"\\[()\[\]]|\\[A-Za-z]{2,}|\$", s)]
+    assert not raw, "search snippets show raw LaTeX:\n" + "\n".join(raw[:5])

@@ -131,13 +131,13 @@ def test_converter_output(book):
     text = _source(nb.cells[2])
     assert "“第一节 (Vaswani et al., 2017)”".replace("“", "第 1 章“") in text
     assert "这里、" in text and "记号（附录）" in text
-    assert "第 1 章式 (2)" in text and "式 (1)" in text
+    assert "式 (1.2)" in text and "式 (2.1)" in text
     assert "[链接]" not in text and "链接 和" in text
     assert "`{cite}` 代码" in text                       # inline code is left alone
     assert "> **原笔记：甲 → 乙**" in text and "> 正文 Vaswani et al. (2017)。" in text
     assert "<details>\n<summary><b>答案</b></summary>" in text and "> **注**\n>\n> 内层" in text
     assert "```python\n{cite}`not a role`\n```" in text    # code blocks are left alone
-    assert "$$\ny = 1\n\\tag{1}\n$$" in text
+    assert "$$\ny = 1\n\\tag{2.1}\n$$" in text
     assert "(Bahdanau et al., 2015; Luong et al., 2015) 与 “原笔记：甲 → 乙”" in text
     assert _source(nb.cells[3]) == "x = 1  # {cite}`untouched`"
     refs = _source(nb.cells[-1])
@@ -146,8 +146,8 @@ def test_converter_output(book):
         "Bahdanau et al. (2015)", "Luong et al. (2015)", "Vaswani et al. (2017)"]
     assert "[arXiv:1706.03762](https://arxiv.org/abs/1706.03762)" in refs
     one = edition.colab_notebook(book / "chapters" / "01_one.ipynb", root=book)
-    assert "$$\na = b\n\\tag{1}\n$$" in _source(one.cells[2])
-    assert "$$ c = d \\tag{2} $$" in _source(one.cells[2])
+    assert "$$\na = b\n\\tag{1.1}\n$$" in _source(one.cells[2])
+    assert "$$ c = d \\tag{1.2} $$" in _source(one.cells[2])
     assert "(sec-ch01-a)=" not in _source(one.cells[2])
     for cell in nb.cells + one.cells:
         if cell.cell_type == "markdown":

@@ -141,7 +141,7 @@ class Target:
     kind: str                 # "section", "equation", "figure", "admonition"
     doc: str                  # "chapters/04_attention_qkv" or "appendix/errata"
     title: str = ""
-    number: int | None = None
+    number: str | None = None     # "4.3": equations of chapter 4 (tools/book_pages.py numbers them so)
 
 
 @dataclass
@@ -150,6 +150,12 @@ class BookIndex:
 
     targets: dict[str, Target] = field(default_factory=dict)
     chapter_numbers: dict[str, int] = field(default_factory=dict)
+
+
+def _numbered(doc: str, k: int) -> str:
+    """Equation/figure number as the HTML book prints it: "4.3" in chapter 4, "3" elsewhere."""
+    number = re.match(r"^chapters/(\d\d)_", doc)
+    return f"{int(number.group(1))}.{k}" if number else str(k)
 
 
 def _scan_markdown(text: str, doc: str, index: BookIndex, counters: dict[str, int]) -> None:
@@ -172,7 +178,7 @@ def _scan_markdown(text: str, doc: str, index: BookIndex, counters: dict[str, in
         eq = _EQ_LABEL_END.match(line)
         if eq:
             counters["equation"] += 1
-            index.targets[eq.group(2)] = Target("equation", doc, number=counters["equation"])
+            index.targets[eq.group(2)] = Target("equation", doc, number=_numbered(doc, counters["equation"]))
         opening = _COLON_OPEN.match(line) or _TICK_OPEN.match(line)
         if opening:
             name, arg = opening.group(3), opening.group(4)
@@ -184,11 +190,12 @@ def _scan_markdown(text: str, doc: str, index: BookIndex, counters: dict[str, in
                 options[opt.group(1)] = opt.group(2)
             if name == "math" and "label" in options:
                 counters["equation"] += 1
-                index.targets[options["label"]] = Target("equation", doc, number=counters["equation"])
+                index.targets[options["label"]] = Target("equation", doc,
+                                                         number=_numbered(doc, counters["equation"]))
             elif name in ("figure", "table", "list-table") and "name" in options:
                 counters[name] = counters.get(name, 0) + 1
                 index.targets[options["name"]] = Target("figure" if name == "figure" else "table", doc,
-                                                        arg.strip(), counters[name])
+                                                        arg.strip(), _numbered(doc, counters[name]))
             elif "name" in options:
                 title = arg.strip() or ADMONITION_TITLES.get(name, name)
                 index.targets[options["name"]] = Target("admonition", doc, title)
@@ -361,8 +368,9 @@ class Converter:
             return f"{where}“{title}”" if where else f"“{title}”"
         if name == "eq":
             target = self._target(label)
-            where = self._where(target)
-            return f"{where}式 ({target.number})"
+            if "." in str(target.number):                  # "式 (4.3)" says the chapter itself
+                return f"式 ({target.number})"
+            return f"{self._where(target)}式 ({target.number})"
         if name == "numref":
             target = self._target(label)
             word = "图" if target.kind == "figure" else "表"
