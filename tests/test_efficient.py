@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnbook.reference import attention_ref
+from conftest import F64_TOL as TOL, qkv
 from attnbook.efficient import (
     elu_feature_map,
     fixed_mask,
@@ -28,15 +29,6 @@ from attnbook.efficient import (
 )
 
 F64 = torch.float64
-TOL = dict(rtol=1e-12, atol=1e-12)
-
-
-def qkv(b=2, h=3, tq=7, tk=9, d=5, dv=4, dtype=F64, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, h, tq, d, generator=g, dtype=dtype)
-    k = torch.randn(b, h, tk, d, generator=g, dtype=dtype)
-    v = torch.randn(b, h, tk, dv, generator=g, dtype=dtype)
-    return q, k, v
 
 
 def three_forms(q, k, v, **kw):
