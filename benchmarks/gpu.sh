@@ -2,7 +2,7 @@
 # The prepared GPU run (issue 10): on a CUDA machine with the project's environment, in under 8 minutes,
 #   1. python -m attnbook.selfcheck            every backend x dtype vs float64, and what "auto" picks
 #   2. benchmarks/gpu_tables.py                forward and backward tables, fp16/bf16, D 64/128,
-#                                              T 1024..16384, causal and not, Triton vs SDPA; a memory table
+#                                              T 1024..16384, causal and not, Triton vs SDPA (flash); a memory table
 #   3. pytest -m gpu tests/                    the GPU tests
 #   4. pytest tests/test_triton_flash.py tests/test_selfcheck.py -m "not gpu"
 #                                              the Triton tests on the GPU, without the interpreter

@@ -379,6 +379,33 @@ def test_gpu_script_targets_are_judged_right():
     assert "not run: the time budget" in text and "fwd · float16 · cuda" in text
 
 
+def test_gpu_tables_compare_with_sdpa_flash_backend(monkeypatch):
+    # the targets are against SDPA's flash backend: the CUDA tables switch cuDNN's SDPA backend off
+    gt = _gpu_tables()
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    with gt.sdpa_backends("flash", "cuda"):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # restored on exit
+    with gt.sdpa_backends("default", "cuda"), gt.sdpa_backends("flash", "cpu"):
+        assert torch.backends.cuda.cudnn_sdp_enabled()  # control: nothing changed
+    with pytest.raises(ValueError, match="choice"):
+        gt.sdpa_backends("cudnn", "cuda")
+    import attnbook.bench
+
+    seen = []
+    monkeypatch.setattr(attnbook.bench, "run_benchmark",
+                        lambda cfg: seen.append((cfg["device"], torch.backends.cuda.cudnn_sdp_enabled())) or [])
+    gt.run([gt.Group("gpu", {"device": "cuda"}), gt.Group("cpu", {"device": "cpu"})], 1e9, log=lambda m: None)
+    gt.run([gt.Group("gpu", {"device": "cuda"})], 1e9, log=lambda m: None, sdpa="default")
+    assert seen == [("cuda", False), ("cpu", True), ("cuda", True)]
+    fwd = gt.Group("Forward", {"mode": "fwd"}, seconds=1.0)
+    fwd.rows = [dict(_row("sdpa", 4096, 1.0), ratio_sdpa=1.0), dict(_row("triton", 4096, 1.0), ratio_sdpa=1.0)]
+    header = dict(title="t", machine="m", date="d", command="c", sdpa=gt.SDPA_CHOICES["flash"])
+    assert "sdpa is torch.nn.functional.scaled_dot_product_attention with cuDNN's backend off" in \
+        gt.render([fwd], "triton", 4096, header=header)
+
+
 def test_gpu_script_dry_run(tmp_path):
     out = tmp_path / "gpu_results.md"
     env = dict(os.environ, PYTHON=sys.executable, OUT=str(out), LOGDIR=str(tmp_path / "logs"), BUDGET="0")
