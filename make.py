@@ -196,7 +196,7 @@ def test_lib() -> None:
 def test_colab(chapters: list[str]) -> None:
     which = "every chapter" if chapters == ["all"] else "chapter " + ", ".join(chapters)
     say(f"the Colab edition of {which} in a simulated Colab runtime (tools/colab_sim.py)")
-    run([PY, "-m", "pytest", "tests/test_colab_edition.py", "-q", "-k", "test_colab_simulation", "-rs"],
+    run([PY, "-m", "pytest", "tests/test_colab_edition.py", "-q", "-s", "-k", "test_colab_simulation", "-rs"],
         env={"ATTNBOOK_COLAB_CHAPTERS": ",".join(chapters)})
 
 
