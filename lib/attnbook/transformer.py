@@ -82,8 +82,12 @@ class KVCache:
     def select(self, rows: torch.Tensor) -> "KVCache":
         """A cache whose batch row n is row ``rows[n]`` of this one (beam search reorders rows).
 
-        A static cache with batch size 1 (one source shared by every hypothesis) is kept as is.
+        A static cache with batch size 1 (one source shared by every hypothesis) is kept as is,
+        and so is any cache when ``rows`` is ``0, 1, ..., B - 1`` (then the result is ``self``).
         """
+        if self.k is not None and len(rows) == self.k.shape[0] and torch.equal(
+                rows, torch.arange(len(rows), device=rows.device)):
+            return self                                       # nothing moves: no copy
         new = KVCache(static=self.static)
         if self.k is not None:
             keep = self.static and self.k.shape[0] == 1
@@ -362,8 +366,8 @@ class Transformer(nn.Module):
         max_len: rows of the learned position table (only ``"learned"`` is limited by it).
         eps: every LayerNorm's eps.
 
-    Initialisation: embeddings N(0, 1/d_model) (so the scaled embedding has unit-variance
-    entries and tied logits start near N(0, 1)), learned positions N(0, 1/d_model), the layers
+    Initialisation: embeddings N(0, 1/d_model) as in fairseq (so the scaled embedding has
+    unit-variance entries and tied logits start of order 1), learned positions N(0, 1/d_model), the layers
     as chapters 05, 07, 08 initialise them; an untied output projection as ``nn.Linear``.
     """
 
@@ -617,7 +621,8 @@ class Transformer(nn.Module):
             if not shared and n != memory.shape[0]:
                 raise ValueError(f"{fn}: `prefixes` must have one row per source ({memory.shape[0]}), got {n}")
             was_training = self.training
-            self.eval()
+            if was_training:                  # toggling walks every module: only if needed
+                self.eval()
             try:
                 with torch.no_grad():
                     if not cache:
@@ -633,7 +638,8 @@ class Transformer(nn.Module):
                         logits = self.decode(new, memory, src_pad=src_pad, cache=c)[:, -1]
                         state["prefixes"], state["cache"] = prefixes, c
             finally:
-                self.train(was_training)
+                if was_training:
+                    self.train()
             return F.log_softmax(logits, dim=-1)                             # (N, V)
 
         return step
