@@ -7,7 +7,6 @@ incremental decoding with a key/value cache must equal recomputation.
 """
 import math
 import os
-import warnings
 
 import pytest
 import torch

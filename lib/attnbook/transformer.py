@@ -247,15 +247,16 @@ class DecoderLayer(nn.Module):
         self.norm3 = LayerNorm(d_model, eps, bias=bias, **factory)
         self.dropout1, self.dropout2, self.dropout3 = (nn.Dropout(dropout) for _ in range(3))
 
-    def forward(self, x: torch.Tensor, memory: torch.Tensor, *, self_mask=None, memory_mask=None,
-                causal: bool = True, cache: tuple[KVCache, KVCache] | None = None,
+    def forward(self, x: torch.Tensor, memory: torch.Tensor, *, self_mask=None,
+                memory_mask=None, causal: bool = True,
+                cache: tuple[KVCache, KVCache] | None = None,
                 need_weights: bool = False) -> DecoderLayerOutput:
-        """Apply the layer to ``x`` ``(B, T, d_model)`` given ``memory`` ``(B or 1, S, d_model)``.
+        """Apply the layer to ``x`` (B, T, d_model) given ``memory`` (B or 1, S, d_model).
 
         Args:
             self_mask: bool (True = may attend) or additive float, broadcastable to
-                ``(B, H, T, T_total)``, e.g. the target's key padding; ``causal`` is added to it.
-            memory_mask: broadcastable to ``(B, H, T, S)``, e.g. ``src_pad[:, None, None, :]``.
+                ``(B, H, T, T_total)``, e.g. the target's key padding; ``causal`` adds to it.
+            memory_mask: broadcastable to (B, H, T, S), e.g. ``src_pad[:, None, None, :]``.
             cache: ``(self_cache, cross_cache)`` for incremental decoding, or None.
             need_weights: also return both attention maps (computed with ``attention_ref``).
         """
@@ -263,14 +264,14 @@ class DecoderLayer(nn.Module):
         w = {}
 
         def sa(h):
-            res = self.self_attn(h, mask=self_mask, causal=causal, need_weights=need_weights,
-                                 cache=sc)
+            res = self.self_attn(h, mask=self_mask, causal=causal,
+                                 need_weights=need_weights, cache=sc)
             w["self"] = res.weights
             return self.dropout1(res.out)
 
         def ca(h):
-            res = self.multihead_attn(h, memory, mask=memory_mask, need_weights=need_weights,
-                                      cache=cc)
+            res = self.multihead_attn(h, memory, mask=memory_mask,
+                                      need_weights=need_weights, cache=cc)
             w["cross"] = res.weights
             return self.dropout2(res.out)
 
@@ -422,7 +423,10 @@ class Transformer(nn.Module):
         self.decoder_norm = LayerNorm(d_model, eps, **factory) if final_norm else None
         self.output = nn.Linear(d_model, tgt_vocab, bias=False, **factory)   # W_out = output.weight.T
         with torch.no_grad():
-            for emb in (self.src_embed, self.tgt_embed) + ((self.src_pos, self.tgt_pos) if positions == "learned" else ()):
+            tables = [self.src_embed, self.tgt_embed]
+            if positions == "learned":
+                tables += [self.src_pos, self.tgt_pos]
+            for emb in tables:
                 emb.weight.normal_(0.0, d_model ** -0.5)
         if tie:
             self.output.weight = self.tgt_embed.weight                         # one shared matrix
@@ -466,16 +470,17 @@ class Transformer(nn.Module):
         return pad
 
     def _embed(self, tokens, table, pos_table, start=0):
-        """Emb(tokens) sqrt(d_model) + PE(positions start ..), then dropout (eq. eq-ch10-embed)."""
+        """Emb(tokens) sqrt(d_model) + PE(start, start + 1, ...), then dropout (eq-ch10-embed)."""
         t = tokens.shape[1]
-        x = table(tokens) * math.sqrt(self.d_model)                          # (B, T, d_model)
+        x = table(tokens) * math.sqrt(self.d_model)                  # (B, T, d_model)
         if self.positions == "sinusoidal":
-            pe = sinusoidal_encoding(start + t, self.d_model, dtype=x.dtype, device=x.device)
+            pe = sinusoidal_encoding(start + t, self.d_model, dtype=x.dtype,
+                                     device=x.device)                # (start + T, d_model)
             x = x + pe[start:]
         elif self.positions == "learned":
             if start + t > self.max_len:
-                raise ValueError(f"Transformer: learned positions cover {self.max_len} positions "
-                                 f"(max_len), got a sequence of {start + t}")
+                raise ValueError(f"Transformer: learned positions cover {self.max_len} "
+                                 f"positions (max_len), got a sequence of {start + t}")
             x = x + pos_table(torch.arange(start, start + t, device=x.device))
         return self.dropout(x)
 
@@ -495,7 +500,7 @@ class Transformer(nn.Module):
                need_weights: bool = False):
         """The encoder: ``memory`` ``(B, S, d_model)`` (and its attention maps if asked).
 
-        Padded positions of ``memory`` hold values, but every cross-attention masks them out.
+        Padded positions of ``memory`` hold values; every cross-attention masks them out.
         """
         fn = "Transformer.encode"
         self._check_tokens("src", src, self.src_vocab, fn)
@@ -504,7 +509,7 @@ class Transformer(nn.Module):
         mask, _ = self._self_mask(src_pad, src.shape[1], src.shape[1], False, x.dtype)
         maps = []
         for layer in self.encoder:
-            if need_weights:   # the same call the layer makes, once more, to read the weights
+            if need_weights:   # the layer's own attention call, once more, for the weights
                 h = layer.norm1(x) if layer.norm_first else x
                 maps.append(layer.self_attn(h, mask=mask, need_weights=True).weights)
             x = layer(x, mask=mask)
@@ -596,10 +601,11 @@ class Transformer(nn.Module):
     def _step(self, memory, src_pad, *, shared: bool, cache: bool):
         """``step(prefixes (N, t)) -> (N, V)`` log-probs (the protocol of chapter 02).
 
-        With ``cache``, a call whose prefixes each extend a prefix of the previous call (row n's
-        parent found by value when ``shared``, i.e. one source for every row as in beam search;
-        row n itself otherwise) reuses the parents' keys and values and runs the decoder on the
-        one new token; any other call starts a fresh cache from the whole prefix.
+        With ``cache``, a call whose prefixes each extend a prefix of the previous call
+        (row n's parent found by value when ``shared``, i.e. one source for every row as in
+        beam search; row n itself otherwise) reuses the parents' keys and values and runs
+        the decoder on the one new token; any other call starts a fresh cache from the
+        whole prefix.
         """
         state = {"prefixes": None, "cache": None}
         fn = "Transformer step"
@@ -609,7 +615,8 @@ class Transformer(nn.Module):
             if prev is None or prev.shape[1] != prefixes.shape[1] - 1:
                 return None
             if not shared:
-                same = prev.shape[0] == prefixes.shape[0] and torch.equal(prev, prefixes[:, :-1])
+                same = (prev.shape[0] == prefixes.shape[0]
+                        and torch.equal(prev, prefixes[:, :-1]))
                 return torch.arange(prefixes.shape[0]) if same else None
             row_of = {tuple(r): i for i, r in enumerate(prev.tolist())}
             rows = [row_of.get(tuple(r)) for r in prefixes[:, :-1].tolist()]
@@ -619,7 +626,8 @@ class Transformer(nn.Module):
             self._check_tokens("prefixes", prefixes, self.tgt_vocab, fn)
             n = prefixes.shape[0]
             if not shared and n != memory.shape[0]:
-                raise ValueError(f"{fn}: `prefixes` must have one row per source ({memory.shape[0]}), got {n}")
+                raise ValueError(f"{fn}: `prefixes` must have one row per source "
+                                 f"({memory.shape[0]}), got {n}")
             was_training = self.training
             if was_training:                  # toggling walks every module: only if needed
                 self.eval()
@@ -759,14 +767,15 @@ class Transformer(nn.Module):
 # The training recipe (Vaswani et al. 2017, section 5)
 # ---------------------------------------------------------------------------------------------
 
-def label_smoothed_cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, smoothing: float,
-                                 pad_id: int = 0) -> torch.Tensor:
-    """Cross-entropy against the smoothed target ``(1 - eps) onehot(y) + eps / V`` (chapter 10).
+def label_smoothed_cross_entropy(logits: torch.Tensor, target: torch.Tensor, *,
+                                 smoothing: float, pad_id: int = 0) -> torch.Tensor:
+    """Cross-entropy against the smoothed target (1 - eps) onehot(y) + eps / V (chapter 10).
 
-    loss = mean over non-PAD positions of  (1 - eps) (-log p_y) + (eps / V) sum_c (-log p_c),
+    loss = mean over non-PAD positions of
+           (1 - eps) (-log p_y) + (eps / V) sum_c (-log p_c),
     the definition of Szegedy et al. 2016 and of ``F.cross_entropy(label_smoothing=eps)``:
-    every one of the V classes, the true one and PAD included, gets eps / V. ``eps = 0`` is
-    ``train.token_cross_entropy``.
+    every one of the V classes, the true one and PAD included, gets eps / V.
+    ``eps = 0`` is ``train.token_cross_entropy``.
 
     Args: logits ``(B, T, V)``; target ``(B, T)`` long; smoothing eps in [0, 1]; pad_id.
     Returns a scalar tensor.
@@ -775,13 +784,14 @@ def label_smoothed_cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, 
     check_tensor("logits", logits, fn=fn, min_ndim=2)
     check_tensor("target", target, fn=fn, min_ndim=1, floating=False)
     if target.dtype != torch.long or logits.shape[:-1] != target.shape:
-        raise ValueError(f"{fn}: `target` must be torch.long with logits' shape minus the last dim "
-                         f"{tuple(logits.shape[:-1])}, got {describe(target)}")
+        raise ValueError(f"{fn}: `target` must be torch.long of shape "
+                         f"{tuple(logits.shape[:-1])} (logits without the last dim), "
+                         f"got {describe(target)}")
     eps = check_float("smoothing", smoothing, fn=fn, minimum=0.0, maximum=1.0)
     pad_id = check_int("pad_id", pad_id, fn=fn, minimum=0)
-    logp = F.log_softmax(logits, dim=-1)                                   # (..., V)
-    nll = -logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)               # -log p_y
-    uniform = -logp.mean(-1)                                               # (1/V) sum_c -log p_c
+    logp = F.log_softmax(logits, dim=-1)                           # (..., V)
+    nll = -logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)       # -log p_y
+    uniform = -logp.mean(-1)                                       # (1/V) sum_c -log p_c
     real = target != pad_id
     loss = (1 - eps) * nll + eps * uniform
     return loss[real].sum() / real.sum().clamp(min=1)
