@@ -78,8 +78,26 @@ class Target:
         return f"{self.platform}:{self.python}"
 
 
-def pins_for(target: Target, requirements: Path = REQUIREMENTS) -> tuple[list[str], list[str]]:
-    """(requirement lines that apply to `target`, names skipped by their marker)."""
+def is_pure_python(name: str) -> bool:
+    """True if the installed distribution `name` came from a py3-none-any wheel (so the same file
+    installs on every platform); False if it is platform-specific or not installed here."""
+    import importlib.metadata
+
+    try:
+        wheel = importlib.metadata.distribution(name).read_text("WHEEL") or ""
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    tags = [line.split(":", 1)[1].strip() for line in wheel.splitlines() if line.startswith("Tag:")]
+    return bool(tags) and all(t.endswith("-none-any") for t in tags)
+
+
+def pins_for(target: Target, requirements: Path = REQUIREMENTS, *,
+             platform_specific_only: bool = False) -> tuple[list[str], list[str]]:
+    """(requirement lines that apply to `target`, names skipped by their marker).
+
+    platform_specific_only: leave out pins installed here from a pure-Python wheel (one file
+    for every platform; checking it once, for one target, is enough).
+    """
     keep, skipped = [], []
     env = target.marker_environment()
     for raw in requirements.read_text(encoding="utf-8").splitlines():
@@ -90,7 +108,7 @@ def pins_for(target: Target, requirements: Path = REQUIREMENTS) -> tuple[list[st
         if req.marker is not None and not req.marker.evaluate(env):
             skipped.append(req.name)
             continue
-        if req.name.lower() in PURE_SDISTS:
+        if req.name.lower() in PURE_SDISTS or (platform_specific_only and is_pure_python(req.name)):
             continue
         keep.append(f"{req.name}{req.specifier}")
     return keep, skipped
@@ -105,9 +123,10 @@ class Result:
     output: str
 
 
-def check(target: Target, requirements: Path = REQUIREMENTS, pip: list[str] | None = None) -> Result:
+def check(target: Target, requirements: Path = REQUIREMENTS, pip: list[str] | None = None, *,
+          platform_specific_only: bool = False) -> Result:
     """Dry-run pip for one target; ok when every applicable pin has a wheel there."""
-    keep, skipped = pins_for(target, requirements)
+    keep, skipped = pins_for(target, requirements, platform_specific_only=platform_specific_only)
     pip = pip or [sys.executable, "-m", "pip"]
     with tempfile.TemporaryDirectory() as tmp:
         req_file = Path(tmp) / "requirements.txt"
@@ -122,9 +141,14 @@ def check(target: Target, requirements: Path = REQUIREMENTS, pip: list[str] | No
 
 
 def check_all(targets=DEFAULT_TARGETS, requirements: Path = REQUIREMENTS) -> list[Result]:
+    """Check every target in parallel. On each platform the oldest Python gets every pin; the
+    other Pythons only the pins that are platform-specific here (wheels tagged for Linux), which
+    is where a newer Python can lack a wheel."""
     parsed = [t if isinstance(t, Target) else Target.parse(t) for t in targets]
+    version = lambda t: tuple(int(x) for x in t.python.split("."))  # noqa: E731
+    full = {min((t for t in parsed if t.platform == p), key=version) for p in {t.platform for t in parsed}}
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(parsed)) as pool:
-        return list(pool.map(lambda t: check(t, requirements), parsed))
+        return list(pool.map(lambda t: check(t, requirements, platform_specific_only=t not in full), parsed))
 
 
 def main(argv: list[str] | None = None) -> int:
