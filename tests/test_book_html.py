@@ -250,9 +250,14 @@ OVERFLOW_PROBE = """() => {
     return m && m.getBoundingClientRect().width > block.clientWidth + 2;
   }).map(text);
   const inline = [...document.querySelectorAll('p span.math, li span.math')].filter(span => {
+    // a formula in a table cell is its own sideways-scrolling box (custom.css): it cannot push
+    // the page wider, so it is not an overflow
+    if (['auto', 'scroll'].includes(getComputedStyle(span).overflowX)) return false;
     const box = span.closest('p, li').getBoundingClientRect();
-    // the typeset formula, not span.math: that span clips (overflow: hidden) what sticks out
-    const r = (span.querySelector('mjx-container') || span).getBoundingClientRect();
+    // the typeset formula, not span.math: that span clips (overflow: hidden) what sticks out --
+    // unless the span scrolls sideways itself (formulas in table cells, _static/custom.css)
+    const scrolls = ['auto', 'scroll'].includes(getComputedStyle(span).overflowX);
+    const r = (scrolls ? span : (span.querySelector('mjx-container') || span)).getBoundingClientRect();
     return r.width > 0 && r.right > box.right + 2;
   }).map(text);
   return {wide, inline};
@@ -294,6 +299,7 @@ PHONE_PROBE = """(minChars) => {
   const article = document.querySelector('article.bd-article') || document.body;
   const wide = [];
   for (const el of article.querySelectorAll('*')) {
+    if (el.closest('mjx-assistive-mml')) continue;     // MathJax's clipped copy for screen readers
     const r = el.getBoundingClientRect();
     if (r.width === 0 || r.height === 0) continue;
     if (r.right <= vw + 1 && r.left >= -1) continue;

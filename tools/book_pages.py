@@ -69,11 +69,13 @@ def _version(dist: str) -> str:
 
 
 def _git_commit(srcdir: str) -> str:
+    # --no-optional-locks: never take .git/index.lock (a build running beside someone's
+    # `git commit` must not block it, nor leave a stale lock behind if it is interrupted).
+    git = ["git", "--no-optional-locks", "-C", srcdir]
     try:
-        out = subprocess.run(["git", "-C", srcdir, "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=10)
-        dirty = subprocess.run(["git", "-C", srcdir, "status", "--porcelain", "--", "lib"],
-                               capture_output=True, text=True, timeout=10)
+        out = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=60)
+        dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no", "--", "lib"],
+                               capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError):
         return ""
     commit = out.stdout.strip() if out.returncode == 0 else ""
