@@ -4,6 +4,8 @@ Test modules import them with ``from conftest import ...`` (pytest puts ``tests/
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 F64_TOL = dict(rtol=1e-10, atol=1e-12)  # float64 identities: a wrong rescale or a missed tile is >> this
@@ -53,3 +55,24 @@ def assert_lse(lse, expected):
     assert torch.equal(torch.isneginf(lse), torch.isneginf(expected))
     fin = torch.isfinite(expected)
     torch.testing.assert_close(lse[fin], expected[fin].to(lse.dtype), **F64_TOL)
+
+
+def import_triton_flash():
+    """``attnbook.triton_flash``, with its kernels built for the CPU interpreter when there is no GPU.
+
+    ``@triton.jit`` reads ``TRITON_INTERPRET`` when ``attnbook.triton_kernels`` is first imported
+    (by ``attnbook.triton_flash``), so it is set for that import only and restored after it: the
+    rest of the session (notebooks above all) never sees it. Tests that run the kernels set it
+    again while they run (the interpreter reads it then too).
+    """
+    saved = os.environ.get("TRITON_INTERPRET")
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        from attnbook import triton_flash
+    finally:
+        if saved is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+    return triton_flash

@@ -21,16 +21,9 @@ import torch
 import attnbook
 from attnbook import attention, attention_tiled, dispatch
 
-_saved_env = os.environ.get("TRITON_INTERPRET")
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-try:
-    from attnbook import triton_flash as tf
-finally:
-    if _saved_env is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = _saved_env
+from conftest import import_triton_flash
+
+tf = import_triton_flash()  # TRITON_INTERPRET set for this import only, as in test_triton_flash.py
 
 from attnbook import selfcheck as sc  # noqa: E402  (after the interpreter import above)
 

@@ -39,26 +39,15 @@ from hypothesis import strategies as st
 from attnbook.flash import DOUBLE_BACKWARD_ERROR
 from attnbook.reference import attention_ref, padding_mask, visible_keys
 from attnbook.testing import assert_close_to_reference, max_abs_error
-from conftest import NEG_INF, lse_ref
+from conftest import NEG_INF, import_triton_flash, lse_ref
 from conftest import rand as _rand
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 
-# @triton.jit reads TRITON_INTERPRET when attnbook.triton_kernels is first imported (by
-# attnbook.triton_flash); the interpreter also reads it while running. Set it only for that import
-# and for this module's tests (fixture below), so that the rest of the session - notebooks above
-# all - never sees it.
-_saved_env = os.environ.get("TRITON_INTERPRET")
-if not CUDA:
-    os.environ["TRITON_INTERPRET"] = "1"
-try:
-    from attnbook import triton_flash as tf
-finally:
-    if _saved_env is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = _saved_env
+# TRITON_INTERPRET is set for the import only (conftest.import_triton_flash) and again for this
+# module's tests (fixture below), so that the rest of the session never sees it.
+tf = import_triton_flash()
 
 if tf.triton is None:
     _SKIP = "triton is not installed"

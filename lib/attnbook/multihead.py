@@ -203,6 +203,18 @@ class MultiHeadAttention(nn.Module):
         kv = "" if self.n_kv_heads == self.n_heads else f", n_kv_heads={self.n_kv_heads}"
         return f"d_model={self.d_model}, n_heads={self.n_heads}{kv}, d_k={self.d_k}, backend={self.backend!r}"
 
+    @staticmethod
+    def _check_mask(mask, target, fn, hint="a key-padding mask is (B, 1, 1, Tk), see attnbook.padding_mask"):
+        """``mask``: bool or float, broadcastable to ``target`` = (B, H, Tq, Tk)."""
+        check_tensor("mask", mask, fn=fn, min_ndim=0, floating=mask.dtype != torch.bool)
+        try:
+            ok = torch.broadcast_shapes(mask.shape, target) == target
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"{fn}: `mask` of shape {tuple(mask.shape)} does not broadcast to "
+                             f"(B, H, Tq, Tk) = {target}; {hint}")
+
     def _check_inputs(self, query, key, value, mask, head_mask):
         fn = "MultiHeadAttention.forward"
         weight = self.q_proj.weight
@@ -217,17 +229,8 @@ class MultiHeadAttention(nn.Module):
         if not (query.shape[0] == key.shape[0] == value.shape[0]) or key.shape[1] != value.shape[1]:
             raise ValueError(f"{fn}: query, key, value must share B, and key, value must share Tk; got "
                              f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}")
-        target = (query.shape[0], self.n_heads, query.shape[1], key.shape[1])
         if mask is not None:
-            check_tensor("mask", mask, fn=fn, min_ndim=0, floating=mask.dtype != torch.bool)
-            try:
-                ok = torch.broadcast_shapes(mask.shape, target) == target
-            except RuntimeError:
-                ok = False
-            if not ok:
-                raise ValueError(f"{fn}: `mask` of shape {tuple(mask.shape)} does not broadcast to "
-                                 f"(B, H, Tq, Tk) = {target}; a key-padding mask is (B, 1, 1, Tk), "
-                                 f"see attnbook.padding_mask")
+            self._check_mask(mask, (query.shape[0], self.n_heads, query.shape[1], key.shape[1]), fn)
         if head_mask is not None:
             check_tensor("head_mask", head_mask, fn=fn, floating=head_mask.dtype != torch.bool)
             if head_mask.shape != (self.n_heads,):

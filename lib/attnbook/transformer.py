@@ -175,7 +175,7 @@ class Attention(MultiHeadAttention):
                 mask = mask.masked_fill(~allowed, float("-inf"))
             causal = False
         if mask is not None:
-            self._check_mask(mask, (b, self.n_heads, tq, tk), fn)
+            self._check_mask(mask, (b, self.n_heads, tq, tk), fn, hint="Tk counts the cached keys")
         group = self.n_heads // self.n_kv_heads
         k, v = repeat_kv(k, group), repeat_kv(v, group)                       # (B, H, Tk, d_k)
         if need_weights:
@@ -187,17 +187,6 @@ class Attention(MultiHeadAttention):
         if head_mask is not None:
             heads = heads * head_mask.to(heads.dtype)[:, None, None]
         return MultiHeadOutput(self.out_proj(merge_heads(heads)), weights)    # (B, Tq, d_model)
-
-    @staticmethod
-    def _check_mask(mask, target, fn):
-        check_tensor("mask", mask, fn=fn, min_ndim=0, floating=mask.dtype != torch.bool)
-        try:
-            ok = torch.broadcast_shapes(mask.shape, target) == target
-        except RuntimeError:
-            ok = False
-        if not ok:
-            raise ValueError(f"{fn}: `mask` of shape {tuple(mask.shape)} does not broadcast to "
-                             f"(B, H, Tq, Tk) = {target} (Tk counts the cached keys)")
 
 
 # ---------------------------------------------------------------------------------------------
