@@ -244,14 +244,24 @@ class ResidualBlock(nn.Module):
 # Encoder layer (chapter 08; assembled into a Transformer in chapter 10)
 # ---------------------------------------------------------------------------------------------
 
-def _torch_activation(layer: nn.TransformerEncoderLayer) -> str:
-    """``"relu"`` or ``"gelu"`` for the activation of a PyTorch layer; ValueError otherwise."""
+def torch_layer_settings(layer, *, fn: str) -> dict:
+    """The constructor settings of a PyTorch ``nn.TransformerEncoderLayer`` / ``DecoderLayer``.
+
+    ``d_model, n_heads, d_ff, norm_first, dropout, activation`` (relu or exact gelu; ValueError
+    naming ``fn`` otherwise), ``eps``, ``bias``, ``device``, ``dtype``: what ``EncoderLayer`` and
+    ``transformer.DecoderLayer`` take, so their ``from_torch`` read a PyTorch layer the same way.
+    """
     act = layer.activation
     if act is F.relu or isinstance(act, nn.ReLU):
-        return "relu"
-    if act is F.gelu or (isinstance(act, nn.GELU) and act.approximate == "none"):
-        return "gelu"
-    raise ValueError(f"EncoderLayer.from_torch: only relu and exact gelu activations are supported, got {act!r}")
+        activation = "relu"
+    elif act is F.gelu or (isinstance(act, nn.GELU) and act.approximate == "none"):
+        activation = "gelu"
+    else:
+        raise ValueError(f"{fn}: only relu and exact gelu activations are supported, got {act!r}")
+    mha, w = layer.self_attn, layer.linear1.weight
+    return dict(d_model=mha.embed_dim, n_heads=mha.num_heads, d_ff=layer.linear1.out_features,
+                norm_first=layer.norm_first, dropout=layer.dropout.p, activation=activation,
+                eps=layer.norm1.eps, bias=layer.linear1.bias is not None, device=w.device, dtype=w.dtype)
 
 
 class EncoderLayer(nn.Module):
@@ -334,11 +344,8 @@ class EncoderLayer(nn.Module):
         fn = "EncoderLayer.from_torch"
         if not isinstance(layer, nn.TransformerEncoderLayer):
             raise TypeError(f"{fn}: `layer` must be an nn.TransformerEncoderLayer, got {type(layer).__name__}")
-        mha, w = layer.self_attn, layer.linear1.weight
-        new = cls(mha.embed_dim, mha.num_heads, layer.linear1.out_features, norm_first=layer.norm_first,
-                  dropout=layer.dropout.p, activation=_torch_activation(layer), eps=layer.norm1.eps,
-                  bias=layer.linear1.bias is not None, backend=backend, device=w.device, dtype=w.dtype)
-        new.self_attn = MultiHeadAttention.from_torch(mha, backend=backend)
+        new = cls(**torch_layer_settings(layer, fn=fn), backend=backend)
+        new.self_attn = MultiHeadAttention.from_torch(layer.self_attn, backend=backend)
         new.norm1, new.norm2 = LayerNorm.from_torch(layer.norm1), LayerNorm.from_torch(layer.norm2)
         new.ffn.linear1.load_state_dict(layer.linear1.state_dict())
         new.ffn.linear2.load_state_dict(layer.linear2.state_dict())

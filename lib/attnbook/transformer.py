@@ -38,7 +38,7 @@ from torch import nn
 from ._checks import check_bool, check_choice, check_float, check_int, check_tensor, describe
 from .decoding import beam_search, greedy_decode_batch
 from .dispatch import attention
-from .layers import ACTIVATIONS, EncoderLayer, FeedForward, LayerNorm, _torch_activation
+from .layers import ACTIVATIONS, EncoderLayer, FeedForward, LayerNorm, torch_layer_settings
 from .multihead import MultiHeadAttention, MultiHeadOutput, merge_heads, repeat_kv, split_heads
 from .positional import alibi_bias, apply_rope, sinusoidal_encoding
 from .reference import attention_ref, mask_to_additive
@@ -287,10 +287,7 @@ class DecoderLayer(nn.Module):
         fn = "DecoderLayer.from_torch"
         if not isinstance(layer, nn.TransformerDecoderLayer):
             raise TypeError(f"{fn}: `layer` must be an nn.TransformerDecoderLayer, got {type(layer).__name__}")
-        mha, w = layer.self_attn, layer.linear1.weight
-        new = cls(mha.embed_dim, mha.num_heads, layer.linear1.out_features, norm_first=layer.norm_first,
-                  dropout=layer.dropout.p, activation=_torch_activation(layer), eps=layer.norm1.eps,
-                  bias=layer.linear1.bias is not None, backend=backend, device=w.device, dtype=w.dtype)
+        new = cls(**torch_layer_settings(layer, fn=fn), backend=backend)
         new.self_attn = Attention.from_torch(layer.self_attn, backend=backend)
         new.multihead_attn = Attention.from_torch(layer.multihead_attn, backend=backend)
         new.norm1, new.norm2, new.norm3 = (LayerNorm.from_torch(n) for n in
@@ -730,15 +727,12 @@ class Transformer(nn.Module):
         if len(enc_layers) != len(dec_layers):
             raise ValueError(f"{fn}: encoder and decoder must have as many layers, got "
                              f"{len(enc_layers)} and {len(dec_layers)}")
-        first = enc_layers[0]
         tied = output is None or output.weight is tgt_embed.weight
-        w = first.linear1.weight
-        new = cls(src_embed.num_embeddings, tgt_embed.num_embeddings, d_model=model.d_model,
-                  n_heads=model.nhead, n_layers=len(enc_layers), d_ff=first.linear1.out_features,
-                  norm_first=first.norm_first, positions="sinusoidal", tie_embeddings=tied,
-                  dropout=first.dropout.p, backend=backend, activation=_torch_activation(first),
-                  final_norm=model.encoder.norm is not None, eps=first.norm1.eps,
-                  device=w.device, dtype=w.dtype)
+        settings = torch_layer_settings(enc_layers[0], fn=fn)
+        settings.pop("bias")  # the layers are replaced below by from_torch copies, biases included
+        new = cls(src_embed.num_embeddings, tgt_embed.num_embeddings, n_layers=len(enc_layers),
+                  positions="sinusoidal", tie_embeddings=tied, backend=backend,
+                  final_norm=model.encoder.norm is not None, **settings)
         new.encoder = nn.ModuleList(EncoderLayer.from_torch(layer, backend=backend) for layer in enc_layers)
         new.decoder = nn.ModuleList(DecoderLayer.from_torch(layer, backend=backend) for layer in dec_layers)
         if model.encoder.norm is not None:
