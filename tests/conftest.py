@@ -6,11 +6,24 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 
 F64_TOL = dict(rtol=1e-10, atol=1e-12)  # float64 identities: a wrong rescale or a missed tile is >> this
 NEG_INF = float("-inf")
 CPU_BACKENDS = ("ref", "tiled", "sdpa")  # the explicit backends every CPU machine runs
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models: intra-op threads only add synchronisation on a busy 2-core machine; restored after.
+
+    Use with ``pytestmark = pytest.mark.usefixtures("one_thread")``.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def rand(*shape, dtype=torch.float64, seed=0, scale=1.0):
