@@ -102,7 +102,10 @@ def test_cpu_memory_mode_is_quadratic_for_ref_and_linear_for_tiled():
         # ref holds at least one float32 T x T matrix; the subprocess's RSS must show it
         assert 1.0 <= mem["ref", t] / (4 * t * t) <= 6.0, mem
     assert 3.2 <= (mem["ref", hi] / mem["ref", lo]) ** 0.5 <= 4.8, mem
-    assert 0 < mem["tiled", lo] and (mem["tiled", hi] / mem["tiled", lo]) ** 0.5 <= 2.2, mem
+    # tiled: linear (4x over the two doublings), far from ref's 16x; peaks of a few hundred KiB are
+    # page-granular RSS readings, so both are floored at 0.25 MiB before the ratio
+    floor = 0.25 * 2**20
+    assert 0 < mem["tiled", lo] and max(mem["tiled", hi], floor) / max(mem["tiled", lo], floor) < 8, mem
     assert mem["tiled", hi] < mem["ref", hi] / 4, mem
     table = format_table(rows)
     assert "peak extra (MiB)" in table and "MALLOC_MMAP_THRESHOLD_" in table and "time (ms)" not in table
