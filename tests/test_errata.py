@@ -1,0 +1,173 @@
+"""The errata appendix: appendix/errata.yml against the chapters, and its rendering (tools/errata.py).
+
+The source is checked against the book (every erratum box has exactly one row, every link
+resolves to a labelled cell, every seed-review finding is accounted for exactly once), and each
+check is shown to fail on a copy of the source with that property broken.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+import errata  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def data():
+    return errata.load()
+
+
+@pytest.fixture(scope="module")
+def boxes():
+    return errata.erratum_boxes()
+
+
+def test_source_matches_the_book(data):
+    assert errata.problems(data) == []
+
+
+def test_every_chapter_with_erratum_boxes_has_rows_in_box_order(data, boxes):
+    rows = {c["chapter"]: [r["box"] for r in c["rows"]] for c in data["chapters"]}
+    assert {ch for ch, b in boxes.items() if b} == set(rows)
+    for chapter, labels in boxes.items():
+        if labels:
+            assert rows[chapter] == labels, chapter
+    assert sum(map(len, boxes.values())) >= 40      # the ten chapters have 44 boxes
+
+
+def test_every_review_finding_is_accounted_for_once(data):
+    owners = [f for c in data["chapters"] for f in dict.fromkeys(
+        f for r in c["rows"] for f in r["findings"])]
+    owners += [f for e in data["confirmed"] for f in e["findings"]]
+    assert sorted(owners) == sorted(data["review"]), "each finding once: rows of one chapter or one confirmed entry"
+    assert len(data["review"]) == 53
+
+
+def _broken(data, edit):
+    d = copy.deepcopy(data)
+    edit(d)
+    return errata.problems(d)
+
+
+def _chapter(d, nn):
+    return next(c for c in d["chapters"] if c["chapter"] == nn)
+
+
+def test_a_missing_row_is_reported(data):
+    found = _broken(data, lambda d: _chapter(d, "04")["rows"].pop(0))
+    assert any("err-ch04-row-vectors has 0 rows" in p for p in found), found
+    assert any("finding 4.1" in p and "nowhere" in p for p in found), found
+
+
+def test_a_duplicated_row_is_reported(data):
+    found = _broken(data, lambda d: _chapter(d, "02")["rows"].append(copy.deepcopy(_chapter(d, "02")["rows"][0])))
+    assert any("err-ch02-eos has 2 rows" in p for p in found), found
+
+
+def test_rows_out_of_box_order_are_reported(data):
+    found = _broken(data, lambda d: _chapter(d, "08")["rows"].reverse())
+    assert any("not in the order of the boxes" in p for p in found), found
+
+
+def test_a_row_naming_no_box_is_reported(data):
+    def edit(d):
+        _chapter(d, "07")["rows"][0]["box"] = "err-ch07-no-such-box"
+    found = _broken(data, edit)
+    assert any("err-ch07-no-such-box, which is not an erratum box" in p for p in found), found
+
+
+def test_a_link_to_an_unlabelled_cell_is_reported(data):
+    def edit(d):
+        _chapter(d, "09")["rows"][0]["verified"] = "{ref}`第 9 章 <sec-ch09-nowhere>`：…"
+    found = _broken(data, edit)
+    assert any("'sec-ch09-nowhere', which no cell of the book labels" in p for p in found), found
+
+
+def test_a_demonstration_in_another_chapter_is_reported(data):
+    def edit(d):
+        _chapter(d, "05")["rows"][0]["verified"] = "{ref}`第 4 章 <sec-ch04-step2>`"
+    found = _broken(data, edit)
+    assert any("in chapters/04_attention_qkv, not in chapter 05" in p for p in found), found
+
+
+def test_a_row_without_a_demonstration_link_is_reported(data):
+    def edit(d):
+        _chapter(d, "10")["rows"][0]["verified"] = "见正文"
+    found = _broken(data, edit)
+    assert any("has no {ref} link" in p for p in found), found
+
+
+def test_a_finding_counted_twice_is_reported(data):
+    def edit(d):
+        d["confirmed"].append({**copy.deepcopy(d["confirmed"][0]), "findings": ["8.2"]})
+    found = _broken(data, edit)
+    assert any("finding 8.2" in p and "2 times" in p for p in found), found
+
+
+def test_a_finding_filed_under_another_chapter_is_reported(data):
+    def edit(d):
+        _chapter(d, "03")["rows"][0]["findings"] = ["4.1"]
+    found = _broken(data, edit)
+    assert any("finding 4.1 is in chapter 03's rows" in p for p in found), found
+    assert any("finding 3.1" in p and "nowhere" in p for p in found), found
+
+
+def test_non_consecutive_rows_of_one_finding_are_reported(data):
+    def edit(d):
+        rows = _chapter(d, "04")["rows"]
+        rows[2], rows[4] = rows[4], rows[2]        # 4.1 4.2 4.3 4.2 4.2
+    found = _broken(data, edit)
+    assert any("rows of finding 4.2 are not consecutive" in p for p in found), found
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d["chapters"][0]["rows"][0].pop("source"), "fields must be box, findings"),
+    (lambda d: d["chapters"][0]["rows"][0].update(findings="1.1"), "`findings` must be a non-empty list"),
+    (lambda d: d["chapters"][0]["rows"][0].update(findings=["1.9"]), "finding '1.9' is not in `review`"),
+    (lambda d: d["chapters"][0]["rows"][0].update(box="err-ch02-layout"), "`box` must be an erratum box label err-ch01-"),
+    (lambda d: d["chapters"][0]["rows"][0].update(seed="  "), "`seed` must be non-empty MyST text"),
+    (lambda d: d["chapters"][0]["rows"][0].update(seed="a\n\nb"), "`seed` must be one paragraph"),
+    (lambda d: d["chapters"][1].update(chapter="01"), "chapter 01 appears twice"),
+    (lambda d: d["confirmed"][0].update(kind="fine"), "`kind` must be one of"),
+    (lambda d: d.pop("review"), "exactly `review`, `chapters`, `confirmed`"),
+])
+def test_malformed_source_names_the_entry_and_field(tmp_path, edit, message):
+    raw = yaml.safe_load(errata.SOURCE.read_text(encoding="utf-8"))
+    edit(raw)
+    path = tmp_path / "errata.yml"
+    path.write_text(yaml.safe_dump(raw, allow_unicode=True), encoding="utf-8")
+    with pytest.raises(errata.ErrataError, match=message.replace("(", r"\(").replace("`", "`")):
+        errata.load(path)
+
+
+def test_rendered_tables_link_every_box_and_keep_every_row(data):
+    for c in data["chapters"]:
+        table = errata.chapter_table(data, c["chapter"])
+        assert table.startswith(":::{list-table}") and table.endswith(":::")
+        assert table.count("\n* - ") == len(c["rows"]) + 1          # + the header row
+        for r in c["rows"]:
+            assert f"{{ref}}`正文提示框 <{r['box']}>`" in table
+            assert r["correction"] in table and r["source"] in table
+    confirmed = errata.confirmed_table(data)
+    assert confirmed.count("\n* - ") == len(data["confirmed"]) + 1
+    with pytest.raises(errata.ErrataError, match="no errata for chapter '11'"):
+        errata.chapter_table(data, "11")
+
+
+def test_the_page_renders_every_table_once():
+    page = (ROOT / "appendix" / "errata.md").read_text(encoding="utf-8")
+    assert "* - " not in page, "rows belong in appendix/errata.yml, not on the page"
+    assert page.count("{errata}") == len(errata.load()["chapters"]) + 1
+
+
+def test_book_config_loads_the_extension():
+    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+    assert config["sphinx"]["local_extensions"].get("errata") == "tools"
