@@ -64,7 +64,7 @@ def test_explore_bad_controls():
     with pytest.raises(ValueError, match="min < max"):
         widgets.explore(_draw, n=(5, 2), display=False)
     with pytest.raises(TypeError, match="control `n`"):
-        widgets.explore(_draw, n="big", display=False)
+        widgets.explore(_draw, n=16, display=False)          # a bare number is no control
     with pytest.raises(ValueError, match="at least one control"):
         widgets.explore(_draw, display=False)
 
@@ -101,3 +101,77 @@ def test_explore_rejects_bad_arguments(monkeypatch, kwargs, exc, match):
     monkeypatch.setenv("ATTNBOOK_STATIC", "1")
     with pytest.raises(exc, match=match):
         widgets.explore(_draw, display=False, **kwargs)
+
+
+def _say(text="ignored default", n=3):
+    """A figure for a text control; text it cannot read raises ValueError (as a chapter's fn)."""
+    if not text.strip() or not text.isascii():
+        raise ValueError(f"cannot read {text!r}: type ASCII text")
+    return plotting.line_plot(np.arange(n), {text: np.arange(n)}, xlabel="i", ylabel="y",
+                              title=text)
+
+
+def test_text_control_live_is_a_text_box_starting_with_the_given_text(monkeypatch):
+    monkeypatch.delenv("ATTNBOOK_STATIC", raising=False)
+    w = widgets.explore(_say, text="3 March 2021", n=(1, 6), display=False)
+    box = w.children[0]
+    assert type(box).__name__ == "Text" and box.description == "text"
+    assert box.value == "3 March 2021"                # the given text, not fn's default
+    assert box.continuous_update is False             # redraws on Enter / blur only
+
+
+def test_text_control_static_shows_given_text_or_static_texts(monkeypatch):
+    monkeypatch.setenv("ATTNBOOK_STATIC", "1")
+    assert widgets.static_settings(_say, {"text": "abc", "n": (1, 5)}, limit=10) == [
+        {"text": "abc", "n": 3}, {"text": "abc", "n": 1}, {"text": "abc", "n": 5}]
+    fig = widgets.explore(_say, text="abc", display=False, static=[{}, {"text": "x y"}])
+    titles = [ax.get_title() for ax in fig.axes if ax.images]
+    assert titles == ["text=abc", "text=x y"]
+
+
+def test_live_value_error_is_shown_as_a_message_not_a_traceback(monkeypatch):
+    monkeypatch.delenv("ATTNBOOK_STATIC", raising=False)
+    import IPython.display
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda *objs, **kw: shown.extend(objs))
+    w = widgets.explore(_say, text="ok", display=False)
+    assert type(shown[-1]).__name__ == "Image"        # the first figure
+    w.children[0].value = "   "                       # what a reader types, then Enter
+    assert type(shown[-1]).__name__ == "_Message"
+    assert repr(shown[-1]) == "text=   : cannot read '   ': type ASCII text"
+    assert "&#x27;" in shown[-1]._repr_html_() and "<pre" in shown[-1]._repr_html_()
+    w.children[0].value = "fine again"
+    assert type(shown[-1]).__name__ == "Image"        # and the next good text draws again
+
+
+def test_live_other_errors_still_raise(monkeypatch):
+    monkeypatch.delenv("ATTNBOOK_STATIC", raising=False)
+
+    def broken(text="a"):
+        raise KeyError(text)                          # a bug in fn, not bad input
+
+    import IPython.display
+    monkeypatch.setattr(IPython.display, "display", lambda *objs, **kw: None)
+    with pytest.raises(KeyError):
+        widgets.explore(broken, text="a", display=False)
+
+
+def test_static_value_error_is_not_hidden(monkeypatch):
+    monkeypatch.setenv("ATTNBOOK_STATIC", "1")
+    with pytest.raises(ValueError, match="cannot read"):   # the author's own setting: fail
+        widgets.explore(_say, text="ok", display=False, static=[{"text": " "}])
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        (dict(text="two\nlines"), ValueError, "text control `text` takes one line"),
+        (dict(text="a", static=[{"text": 5}]), TypeError, "text control `text` needs a str"),
+        (dict(text=b"bytes"), TypeError, "or a str"),
+    ],
+)
+def test_text_control_rejects_bad_arguments(monkeypatch, kwargs, exc, match):
+    monkeypatch.setenv("ATTNBOOK_STATIC", "1")
+    with pytest.raises(exc, match=match):
+        widgets.explore(_say, display=False, **kwargs)

@@ -51,7 +51,24 @@ def _collect(kc, parent_id, timeout=60):
             return msgs
 
 
-def _drive(extra_path: Path | None):
+CELL_TEXT = """
+import matplotlib.pyplot as plt
+from attnbook.widgets import explore
+
+def word(text="unused"):
+    if not text.isalpha():
+        raise ValueError(f"cannot read {text!r}: letters only")
+    fig, ax = plt.subplots(figsize=(2, 1.5))
+    ax.set_title(text)
+    return fig
+
+w = explore(word, text="hello", display=False)
+display(w)
+print("MODEL", w.children[0].model_id)
+"""
+
+
+def _drive(extra_path: Path | None, cell: str = CELL, values=(5,)):
     env = dict(os.environ)
     env.pop("ATTNBOOK_STATIC", None)  # a live kernel, as a reader's
     env["MPLBACKEND"] = "Agg"
@@ -61,18 +78,20 @@ def _drive(extra_path: Path | None):
     try:
         version_id = kc.execute("import ipywidgets; print('IPYW', ipywidgets.__version__)")
         version = "".join(m["content"].get("text", "") for m in _collect(kc, version_id))
-        cell_id = kc.execute(CELL)
+        cell_id = kc.execute(cell)
         at_display = _collect(kc, cell_id)
         errors = [m["content"] for m in at_display if m["msg_type"] == "error"]
         assert not errors, errors
         text = "".join(m["content"].get("text", "") for m in at_display if m["msg_type"] == "stream")
         model_id = text.split("MODEL", 1)[1].split()[0]
-        # what a browser sends when the slider is dragged to 5
-        change = kc.session.msg("comm_msg", {"comm_id": model_id, "data": {
-            "method": "update", "state": {"value": 5}, "buffer_paths": []}})
-        kc.shell_channel.send(change)
-        after_change = _collect(kc, change["header"]["msg_id"])
-        return version, at_display, after_change
+        changes = []
+        for value in values:
+            # what a browser sends when the slider is dragged (or text is typed, then Enter)
+            change = kc.session.msg("comm_msg", {"comm_id": model_id, "data": {
+                "method": "update", "state": {"value": value}, "buffer_paths": []}})
+            kc.shell_channel.send(change)
+            changes.append(_collect(kc, change["header"]["msg_id"]))
+        return version, at_display, *changes
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
@@ -97,3 +116,22 @@ def test_explore_sends_an_image_at_display_and_after_a_change(which):
         assert "IPYW 8." in version, version
     assert sum(map(_has_png, at_display)) == 1, "exactly one image when the widget is displayed"
     assert sum(map(_has_png, after_change)) == 1, "exactly one new image after the slider moved"
+
+
+def _text_of(msgs) -> str:
+    return json.dumps([m.get("content", {}) for m in msgs], default=str)
+
+
+@pytest.mark.parametrize("which", ["pinned", "7.7.1"])
+def test_text_box_redraws_and_bad_text_shows_a_message(which):
+    extra = _ipywidgets_7() if which == "7.7.1" else None
+    version, at_display, typed, bad, again = _drive(
+        extra, CELL_TEXT, ("world", "no digits 42", "again"))
+    assert ("IPYW 7.7.1" if which == "7.7.1" else "IPYW 8.") in version, version
+    assert sum(map(_has_png, at_display)) == 1, "the default text drawn once"
+    assert sum(map(_has_png, typed)) == 1, "one new image after typing a word"
+    assert not any(m["msg_type"] == "error" for m in bad), "no traceback for bad text"
+    assert sum(map(_has_png, bad)) == 0
+    assert "cannot read 'no digits 42': letters only" in _text_of(bad)
+    assert "Traceback" not in _text_of(bad)
+    assert sum(map(_has_png, again)) == 1, "good text draws again"

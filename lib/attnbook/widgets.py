@@ -1,9 +1,10 @@
 """Interactive explorations that still say something in the static HTML book (every chapter).
 
-``explore(fn, **controls)`` shows sliders in a live kernel (Jupyter, Colab: ipywidgets 7.7 or 8).
-The HTML book has no kernel, so when ``ATTNBOOK_STATIC=1`` (set by the book build) or ipywidgets
-is missing, it draws one static small-multiples figure over representative settings instead,
-with a one-line note that the interactive version runs in Jupyter or Colab.
+``explore(fn, **controls)`` shows sliders, dropdowns, checkboxes and text boxes in a live kernel
+(Jupyter, Colab: ipywidgets 7.7 or 8). The HTML book has no kernel, so when ``ATTNBOOK_STATIC=1``
+(set by the book build) or ipywidgets is missing, it draws one static small-multiples figure over
+representative settings instead, with a one-line note that the interactive version runs in
+Jupyter or Colab.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from ._checks import check_int, check_bool
 
 __all__ = ["explore", "is_static", "static_settings"]
 
-STATIC_NOTE = "*这是静态版本（几组代表性取值）。在 Jupyter 或 Colab 中运行本章，即可拖动滑块交互探索。*"
+STATIC_NOTE = "*这是静态版本（几组代表性取值）。在 Jupyter 或 Colab 中运行本章，即可用滑块等控件交互探索。*"
 
 
 def is_static() -> bool:
@@ -36,6 +37,10 @@ def is_static() -> bool:
 def _check_control(name, spec):
     if isinstance(spec, bool):
         return
+    if isinstance(spec, str):
+        if "\n" in spec or "\r" in spec:
+            raise ValueError(f"explore: text control `{name}` takes one line of text, got {spec!r}")
+        return
     if isinstance(spec, tuple):
         if len(spec) not in (2, 3) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
                                               and math.isfinite(x) for x in spec):
@@ -51,11 +56,14 @@ def _check_control(name, spec):
             raise ValueError(f"explore: control `{name}` is an empty list")
         return
     raise TypeError(
-        f"explore: control `{name}` must be a (min, max[, step]) tuple, a list of options or a bool, got {spec!r}"
+        f"explore: control `{name}` must be a (min, max[, step]) tuple, a list of options, a bool "
+        f"or a str (a text box), got {spec!r}"
     )
 
 
 def _default(fn, name, spec):
+    if isinstance(spec, str):            # a text box starts with the text it was given
+        return spec
     param = inspect.signature(fn).parameters.get(name)
     if param is not None and param.default is not inspect.Parameter.empty:
         return param.default
@@ -75,6 +83,8 @@ def static_settings(fn, controls: Mapping[str, object], limit: int = 4) -> list[
     for name, spec in controls.items():
         if isinstance(spec, bool):
             options = [not base[name]]
+        elif isinstance(spec, str):      # free text has no extremes: the given text only
+            options = []
         elif isinstance(spec, list):
             options = [spec[0], spec[-1]]
         else:
@@ -130,6 +140,8 @@ def _make_widget(name, spec, value):
     desc = name
     if isinstance(spec, bool):
         return W.Checkbox(value=bool(value), description=desc)
+    if isinstance(spec, str):            # the value changes on Enter or when the box loses focus
+        return W.Text(value=value, description=desc, continuous_update=False)
     if isinstance(spec, list):
         return W.Dropdown(options=spec, value=value, description=desc)
     lo, hi = spec[0], spec[1]
@@ -162,6 +174,10 @@ def _validate(fn, static, columns, controls) -> None:
             unknown = set(s) - set(controls)
             if unknown:
                 raise ValueError(f"explore: static setting {s} names unknown controls {sorted(unknown)}")
+            for name, value in s.items():
+                if isinstance(controls[name], str) and not isinstance(value, str):
+                    raise TypeError(f"explore: static setting {s}: text control `{name}` needs a "
+                                    f"str, got {value!r}")
 
 
 def _png(fig) -> bytes:
@@ -178,21 +194,50 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
+class _Message:
+    """One line of text in the Output area (plain text and HTML; no traceback)."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return f'<pre style="color:#a94442;white-space:pre-wrap">{html.escape(self.text)}</pre>'
+
+
 def _live(fn, controls):
-    """Sliders plus an Output area that shows ``fn``'s figure now and after every change.
+    """Controls plus an Output area that shows ``fn``'s figure now and after every change.
 
     ``ipywidgets.interactive_output`` calls ``draw`` once when it is built and again on each
     change, with the Output widget capturing what ``draw`` displays. ``draw`` displays the
     figure explicitly as a PNG image: ``interactive`` would only *return* the figure, which no
     front end shows (the output stayed empty), and relying on the inline backend would depend
     on how the kernel was started. Works with ipywidgets 7.7 (Colab) and 8.
+
+    A ``ValueError`` from ``fn`` (e.g. text a reader typed that ``fn`` cannot read) is shown
+    in the Output area as one line of text instead of a traceback; other errors are bugs and
+    keep their traceback.
     """
     import ipywidgets as W
     from IPython.display import Image
     from IPython.display import display as ipy_display
 
     def draw(**values):
-        ipy_display(Image(data=_png(fn(**values)), format="png"))
+        import matplotlib.pyplot as plt
+
+        before = set(plt.get_fignums())
+        try:
+            fig = fn(**values)
+        except ValueError as err:
+            for num in set(plt.get_fignums()) - before:   # a figure fn began before it raised
+                plt.close(num)
+            ipy_display(_Message(f"{_label(values)}: {err}"))
+            return
+        ipy_display(Image(data=_png(fig), format="png"))
 
     kwargs = {name: _make_widget(name, spec, _default(fn, name, spec)) for name, spec in controls.items()}
     out = W.interactive_output(draw, kwargs)
@@ -201,7 +246,7 @@ def _live(fn, controls):
 
 def explore(fn: Callable[..., object], *, static: Sequence[Mapping[str, object]] | None = None,
             columns: int | None = None, display: bool = True, **controls):
-    """Explore ``fn(**values) -> Figure`` with sliders, or as static small multiples in the book.
+    """Explore ``fn(**values) -> Figure`` with live controls, or as static small multiples in the book.
 
     Args:
         fn: draws one figure for one setting of the controls and returns it.
@@ -210,8 +255,13 @@ def explore(fn: Callable[..., object], *, static: Sequence[Mapping[str, object]]
         columns: panels per row in the static figure.
         display: show the result now; with False return it (the widget, or the static Figure).
         **controls: ``name=(min, max[, step])`` a slider (ints -> IntSlider), ``name=[options]`` a
-            dropdown, ``name=True/False`` a checkbox; each name must be a parameter of ``fn``.
-            Defaults come from ``fn``'s signature (else the middle / first option / the bool).
+            dropdown, ``name=True/False`` a checkbox, ``name="text"`` a one-line text box that
+            starts with that text and calls ``fn`` when the reader presses Enter or leaves the
+            box; each name must be a parameter of ``fn``. Other defaults come from ``fn``'s
+            signature (else the middle / first option / the bool). The static figure shows a
+            text box's given text unless ``static`` names other texts.
+            In the live widget a ``ValueError`` raised by ``fn`` (text it cannot read, say) is
+            shown as its message in the output area; any other exception as a traceback.
     Returns:
         None when ``display`` is true; otherwise the live widget (an ``ipywidgets.VBox`` of the
         controls and the Output area that shows the figure) or the static small-multiples Figure
