@@ -19,9 +19,9 @@ What counts as a use (a chapter's markdown cells, cells 0 and 1 excluded: title/
   right before or after it (so `attention` inside `cross-attention` is not a use);
 - a one-character key (键, 值) counts only where it is glossed, written `键（key）` with one of
   its English aliases, because the bare character is part of too many words (最大值, 键盘);
-- an occurrence that touches an emphasis delimiter from the inside (`称为**分数**，`) where the
-  link would break the emphasis under CommonMark's flanking rules is skipped, and the next
-  one is linked;
+- an occurrence that touches an emphasis delimiter from the inside (`称为**注意力**，`) where the
+  link would break the emphasis under CommonMark's flanking rules, or that a backtick follows
+  directly, is skipped, and the next one is linked;
 - a chapter that already has a `{term}` link to an entry is left alone for that entry.
 
 Running it twice changes nothing. Only markdown cell sources change; cell ids, metadata and
@@ -301,13 +301,16 @@ def _is_punct_or_space(ch: str) -> bool:
     return unicodedata.category(ch)[0] in "PS"
 
 
-def _emphasis_safe(text: str, start: int, end: int) -> bool:
-    """Can text[start:end] be wrapped in a role without breaking `*`/`_` emphasis around it?
+def _wrappable(text: str, start: int, end: int) -> bool:
+    """Can text[start:end] be wrapped in a role without changing how the text around it parses?
 
-    A role starts with `{` and ends with a backtick, both punctuation. A delimiter run touching
-    the term from outside stays able to open (before) or close (after) only if its other side is
-    whitespace, punctuation or the line's edge (CommonMark's flanking rules).
+    - A backtick right after the term would join the role's closing backtick into a longer run.
+    - A role starts with `{` and ends with a backtick, both punctuation. A `*`/`_` delimiter run
+      touching the term from outside stays able to open (before) or close (after) only if its
+      other side is whitespace, punctuation or the line's edge (CommonMark's flanking rules).
     """
+    if text[end:end + 1] == "`":
+        return False
     before = re.search(r"[*_]+$", text[max(0, start - 8):start])
     if before:
         outer = start - len(before.group(0)) - 1
@@ -365,7 +368,7 @@ class Matcher:
                     i += 1
                     continue
                 name, entry = hit
-                if _emphasis_safe(text, i, i + len(name)):
+                if _wrappable(text, i, i + len(name)):
                     found.append(Use(entry.key, name, i, i + len(name)))
                 i += len(name)
         return found
