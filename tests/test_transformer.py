@@ -6,7 +6,6 @@ change nothing; every attention backend must agree (FlashAttention's tolerance r
 incremental decoding with a key/value cache must equal recomputation.
 """
 import math
-import os
 
 import pytest
 import torch
@@ -27,7 +26,7 @@ from attnbook.transformer import (
     label_smoothed_cross_entropy,
     vaswani_lr,
 )
-from conftest import F64_TOL
+from conftest import F64_TOL, import_triton_flash
 
 f64 = torch.float64
 SRC_V, TGT_V, D, H, L, DFF = 11, 13, 16, 4, 2, 32
@@ -232,27 +231,11 @@ def test_backends_agree(positions, norm_first):
                                   naive, truth, name=f"logits ({backend}, float32)")
 
 
-def _import_triton_interpreted():
-    """attnbook.triton_flash imported under TRITON_INTERPRET=1 (as in test_triton_flash.py)."""
-    saved = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        from attnbook import triton_flash as tf
-    except Exception:          # pragma: no cover - triton missing or broken
-        return None
-    finally:
-        if saved is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = saved
-    return tf if tf.triton is not None and tf._INTERPRETED else None
-
-
 def test_triton_backend_under_the_interpreter(monkeypatch):
     if torch.cuda.is_available():
         pytest.skip("CUDA present: the triton backend is tested on the GPU")
-    tf = _import_triton_interpreted()
-    if tf is None:
+    tf = import_triton_flash()   # TRITON_INTERPRET for the import only (conftest)
+    if tf.triton is None or not tf._INTERPRETED:
         pytest.skip("triton missing, or attnbook.triton_flash imported earlier without TRITON_INTERPRET=1")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     truth = _logits_by_backend("ref", f64)
