@@ -139,7 +139,7 @@ def test_live_value_error_is_shown_as_a_message_not_a_traceback(monkeypatch):
     assert type(shown[-1]).__name__ == "Image"        # the first figure
     w.children[0].value = "   "                       # what a reader types, then Enter
     assert type(shown[-1]).__name__ == "_Message"
-    assert repr(shown[-1]) == "text=   : cannot read '   ': type ASCII text"
+    assert repr(shown[-1]) == "cannot read '   ': type ASCII text"      # fn's message
     assert "&#x27;" in shown[-1]._repr_html_() and "<pre" in shown[-1]._repr_html_()
     w.children[0].value = "fine again"
     assert type(shown[-1]).__name__ == "Image"        # and the next good text draws again

@@ -235,7 +235,7 @@ def _live(fn, controls):
         except ValueError as err:
             for num in set(plt.get_fignums()) - before:   # a figure fn began before it raised
                 plt.close(num)
-            ipy_display(_Message(f"{_label(values)}: {err}"))
+            ipy_display(_Message(str(err)))             # the controls are right above it
             return
         ipy_display(Image(data=_png(fig), format="png"))
 
