@@ -75,7 +75,7 @@ def _math_nodes(soup) -> list:
 
 def test_book_has_the_expected_pages():
     assert (HTML / "chapters").is_dir() and list((HTML / "chapters").glob("*.html")), "no chapter pages were built"
-    for name in ("notation", "errata", "references"):
+    for name in ("notation", "errata", "glossary", "references"):
         assert (HTML / "appendix" / f"{name}.html").is_file(), f"appendix/{name}.html missing"
 
 
@@ -463,3 +463,42 @@ def test_search_snippets_have_no_raw_latex(book_url):
     assert result["snippets"], "no result snippets were shown"
     raw = [s[:120] for s in result["snippets"] if re.search(r"\\[()\[\]]|\\[A-Za-z]{2,}|\$", s)]
     assert not raw, "search snippets show raw LaTeX:\n" + "\n".join(raw[:5])
+
+
+def test_errata_page_shows_every_row_of_its_source():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    import errata
+
+    data = errata.load()
+    soup = _soup(HTML / "appendix" / "errata.html")
+    tables = soup.select("table")
+    assert len(tables) == len(data["chapters"]) + 1
+    for table, chapter in zip(tables, data["chapters"]):
+        body_rows = [tr for tr in table.select("tr") if tr.find("td")]
+        assert len(body_rows) == len(chapter["rows"]), chapter["chapter"]
+        for tr, row in zip(body_rows, chapter["rows"]):
+            hrefs = [a.get("href", "") for a in tr.find_all("a")]
+            assert any(h.endswith(f"#{row['box']}") for h in hrefs), (row["box"], hrefs)
+    assert len([tr for tr in tables[-1].select("tr") if tr.find("td")]) == len(data["confirmed"])
+
+
+def test_glossary_terms_are_linked_from_the_chapters():
+    soup = _soup(HTML / "appendix" / "glossary.html")
+    entries, names = [], []                      # one entry: the ids of its <dt>s (key + aliases)
+    for el in soup.select("dl.glossary > dt, dl.glossary > dd"):
+        if el.name == "dt":
+            names.append(el.get("id"))
+        elif names:
+            entries.append(set(filter(None, names)))
+            names = []
+    assert len(entries) >= 40
+    linked = set()
+    for page in sorted((HTML / "chapters").glob("*.html")):
+        for a in _soup(page).select("a.reference"):
+            href = a.get("href", "")
+            if "glossary.html#" in href:
+                linked.add(unquote(href.split("#", 1)[1]))
+    missing = [sorted(ids) for ids in entries if not ids & linked]
+    assert not missing, f"glossary entries no chapter links to: {missing[:10]}"

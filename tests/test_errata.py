@@ -171,3 +171,19 @@ def test_the_page_renders_every_table_once():
 def test_book_config_loads_the_extension():
     config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
     assert config["sphinx"]["local_extensions"].get("errata") == "tools"
+
+
+def test_every_erratum_box_links_its_chapters_errata_section():
+    import nbformat
+
+    missing = []
+    for path in sorted((ROOT / "chapters").glob("[0-9][0-9]_*.ipynb")):
+        nn = path.name[:2]
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type != "markdown":
+                continue
+            for box in cell.source.split(":::{admonition} 原笔记")[1:]:
+                body = box.split("\n:::", 1)[0]
+                if f"<sec-errata-ch{nn}>" not in body:
+                    missing.append(f"{path.name}: {body.splitlines()[0][:50]}")
+    assert not missing, "erratum boxes without a link to their errata section:\n" + "\n".join(missing)
