@@ -337,3 +337,12 @@ def test_notebook_has_the_required_elements(path):
     ), f"{path.name}: needs a show_source(...) call in a cell tagged remove-input"
     assert any(re.search(r"\bexplore\(", _source(c)) for c in code), f"{path.name}: needs an explore(...) widget"
     assert any(re.search(r"^#{1,6}\s.*练习", m, re.M) for m in markdown), f"{path.name}: needs a 练习 section"
+
+
+@notebook_params
+def test_equation_references_are_not_preceded_by_the_word_shi(path):
+    """`{eq}` renders as "式 (4.3)" (math_eqref_format), so "式 {eq}`…`" would read "式 式 (4.3)"."""
+    nb = nbformat.read(path, as_version=4)
+    doubled = [m.group(0) for c in nb.cells if c.cell_type == "markdown"
+               for m in re.finditer(r".{0,12}式\s*\{eq\}`[^`]*`", _source(c))]
+    assert not doubled, f"{path.name}: drop the word 式 before {{eq}}: {doubled}"
