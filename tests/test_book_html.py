@@ -373,6 +373,15 @@ def _shot(page, kind: str, rel: str) -> None:
     page.screenshot(path=str(folder / (rel.replace("/", "__").removesuffix(".html") + ".png")), full_page=True)
 
 
+# Tables that must be read whole on a desktop (the errata): none scrolls sideways at 1280 px.
+WIDE_TABLE_PROBE = r"""() => [...document.querySelectorAll('table.errata-table')].map(t => {
+  let box = t.parentElement;
+  while (box && box !== document.body && !/(auto|scroll)/.test(getComputedStyle(box).overflowX)) box = box.parentElement;
+  const w = box && box !== document.body ? box : t;
+  return {hidden: w.scrollWidth - w.clientWidth, id: t.id || t.className};
+}).filter(r => r.hidden > 1)"""
+
+
 @pytest.mark.browser
 def test_pages_render_in_chromium(book_url):
     sync_api = _need_browser()
@@ -401,6 +410,9 @@ def test_pages_render_in_chromium(book_url):
                     failures.append(f"{rel}: images not decoded {result['broken'][:5]}")
                 if page_errors:
                     failures.append(f"{rel}: JavaScript errors {page_errors[:5]}")
+                hidden = page.evaluate(WIDE_TABLE_PROBE)
+                if hidden:
+                    failures.append(f"{rel}: errata tables scroll sideways at 1280 px (columns hidden): {hidden[:3]}")
                 wide = page.evaluate(OVERFLOW_PROBE)["wide"]
                 if wide:
                     failures.append(f"{rel}: {len(wide)} display equations wider than the text column at "
