@@ -346,3 +346,19 @@ def test_equation_references_are_not_preceded_by_the_word_shi(path):
     doubled = [m.group(0) for c in nb.cells if c.cell_type == "markdown"
                for m in re.finditer(r".{0,12}式\s*\{eq\}`[^`]*`", _source(c))]
     assert not doubled, f"{path.name}: drop the word 式 before {{eq}}: {doubled}"
+
+
+def test_chapter_09_quotes_benchmarks_results_verbatim():
+    """Chapter 09 shows benchmarks/RESULTS.md's CPU tables in a dropdown (Colab has no repository
+    checkout to read them from); the two copies must not drift apart."""
+    results = (ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")
+    tables = results[results.index("## Forward"):]
+    nb = nbformat.read(ROOT / "chapters" / "09_efficient_attention.ipynb", as_version=4)
+    box = next(_source(c) for c in nb.cells if c.cell_type == "markdown" and "**Forward**" in _source(c))
+
+    def lines(text):
+        return [ln.strip() for ln in text.split("\n")
+                if ln.startswith(("|", "Date:", "Command:", "Machine:", "Time", "Skipped", "Peak"))]
+
+    assert lines(tables) and lines(box[box.index("**Forward**"):]) == lines(tables), \
+        "chapter 09's copy of benchmarks/RESULTS.md differs; paste the new tables into its dropdown"
