@@ -1,13 +1,33 @@
-"""Shared test helpers: one random-tensor helper, one float64 tolerance, one masked-lse oracle.
+"""Shared test helpers: one random-tensor helper, one float64 tolerance, one masked-lse oracle,
+one loader for the book's scripts in tools/.
 
 Test modules import them with ``from conftest import ...`` (pytest puts ``tests/`` on the path).
 """
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+TOOLS = Path(__file__).resolve().parent.parent / "tools"
+
+
+def load_tool(name: str):
+    """Import tools/<name>.py as module `name` (tools/ is not a package; its scripts import each other)."""
+    if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(TOOLS / f"{name}.py"):
+        return sys.modules[name]
+    if str(TOOLS) not in sys.path:
+        sys.path.insert(0, str(TOOLS))
+    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
 
 F64_TOL = dict(rtol=1e-10, atol=1e-12)  # float64 identities: a wrong rescale or a missed tile is >> this
 NEG_INF = float("-inf")

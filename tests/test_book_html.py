@@ -478,12 +478,9 @@ def test_search_snippets_have_no_raw_latex(book_url):
 
 
 def test_errata_page_shows_every_row_of_its_source():
-    import sys
+    from conftest import load_tool
 
-    sys.path.insert(0, str(ROOT / "tools"))
-    import errata
-
-    data = errata.load()
+    data = load_tool("errata").load()
     soup = _soup(HTML / "appendix" / "errata.html")
     tables = soup.select("table")
     assert len(tables) == len(data["chapters"]) + 1

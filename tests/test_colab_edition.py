@@ -12,33 +12,22 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import nbformat
+from conftest import load_tool
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
-TOOLS = ROOT / "tools"
 
 
-def _load(name: str):
-    if str(TOOLS) not in sys.path:
-        sys.path.insert(0, str(TOOLS))
-    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
-
-colab = _load("colab")
-edition = _load("colab_edition")
+colab = load_tool("colab")
+edition = load_tool("colab_edition")
 
 
 def _source(cell) -> str:
@@ -194,7 +183,7 @@ def _chosen_chapters() -> list[str]:
 def test_colab_simulation(name):
     if name is None:
         pytest.skip("set ATTNBOOK_COLAB_CHAPTERS=all (or 04,06), or run `python3 make.py colab-test`")
-    sim = _load("colab_sim")
+    sim = load_tool("colab_sim")
     report = sim.run_chapter(name[:2])          # raises AssertionError with the details
     print(json.dumps(report, indent=1))
     assert report["before"] == report["after"]

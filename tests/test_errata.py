@@ -8,16 +8,15 @@ check is shown to fail on a copy of the source with that property broken.
 from __future__ import annotations
 
 import copy
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
+from conftest import load_tool
 
-import errata  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+errata = load_tool("errata")
 
 
 @pytest.fixture(scope="module")

@@ -8,29 +8,18 @@ tested on small synthetic Markdown and notebooks.
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import nbformat
+from conftest import load_tool
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-TOOLS = ROOT / "tools"
 
 
-def _load(name: str):
-    if str(TOOLS) not in sys.path:
-        sys.path.insert(0, str(TOOLS))
-    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
-
-glossary = _load("glossary")
+glossary = load_tool("glossary")
 
 _CJK = re.compile(r"[\u4e00-\u9fff]")
 
@@ -413,7 +402,7 @@ def test_cli_check_reports_and_fails(tmp_path, monkeypatch, capsys):
 # ------------------------------------------------------------------------------ the Colab edition
 
 def test_colab_edition_turns_term_roles_into_their_text():
-    edition = _load("colab_edition")
+    edition = load_tool("colab_edition")
     converter = edition.Converter("chapters/01_a", edition.BookIndex(), None, None)
     line = "看{term}`注意力`、{term}`LayerNorm <层归一化>`和 `{term}` 代码。"
     assert converter.inline(line) == "看注意力、LayerNorm和 `{term}` 代码。"
