@@ -72,6 +72,12 @@ def _findings(value, where: str, review: dict[str, str]) -> list[str]:
     return list(value)
 
 
+def _check_fields(entry, fields: tuple[str, ...], where: str) -> None:
+    if not isinstance(entry, dict) or set(entry) != set(fields):
+        got = sorted(entry) if isinstance(entry, dict) else entry
+        raise ErrataError(f"{where}: fields must be {', '.join(fields)}; got {got}")
+
+
 def load(path: str | Path = SOURCE) -> dict:
     """Read and validate the errata source; raise ErrataError naming the entry and field."""
     data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
@@ -98,9 +104,7 @@ def load(path: str | Path = SOURCE) -> dict:
             raise ErrataError(f"chapter {chapter}: `rows` must be a non-empty list")
         for k, row in enumerate(c["rows"], 1):
             where = f"chapter {chapter} row {k}"
-            if not isinstance(row, dict) or set(row) != set(ROW_FIELDS):
-                got = sorted(row) if isinstance(row, dict) else row
-                raise ErrataError(f"{where}: fields must be {', '.join(ROW_FIELDS)}; got {got}")
+            _check_fields(row, ROW_FIELDS, where)
             box = row["box"]
             m = _BOX.match(box) if isinstance(box, str) else None
             if not m or m.group(1) != chapter:
@@ -112,9 +116,7 @@ def load(path: str | Path = SOURCE) -> dict:
         raise ErrataError(f"{path}: `chapters` must be in chapter order, got {seen_chapters}")
     for k, entry in enumerate(data["confirmed"], 1):
         where = f"confirmed entry {k}"
-        if not isinstance(entry, dict) or set(entry) != set(CONFIRMED_FIELDS):
-            got = sorted(entry) if isinstance(entry, dict) else entry
-            raise ErrataError(f"{where}: fields must be {', '.join(CONFIRMED_FIELDS)}; got {got}")
+        _check_fields(entry, CONFIRMED_FIELDS, where)
         entry["findings"] = _findings(entry["findings"], where, review)
         if entry["kind"] not in KINDS:
             raise ErrataError(f"{where}: `kind` must be one of {KINDS}, got {entry['kind']!r}")
