@@ -511,3 +511,21 @@ def test_glossary_terms_are_linked_from_the_chapters():
                 linked.add(unquote(href.split("#", 1)[1]))
     missing = [sorted(ids) for ids in entries if not ids & linked]
     assert not missing, f"glossary entries no chapter links to: {missing[:10]}"
+
+
+_CJK = r"[\u2e80-\u9fff\u3000-\u303f\uff00-\uffef]"
+
+
+def test_no_line_breaks_between_chinese_characters():
+    """A source line break between two Chinese characters would show as a space in Chromium and
+    Safari; tools/book_pages.py removes them (formulas and code are left alone)."""
+    found = []
+    for page in _content_pages():
+        soup = bs4.BeautifulSoup(page.read_text(encoding="utf-8"), "html.parser")
+        article = soup.select_one("article") or soup
+        for el in article.select("span.math, div.math, pre, code, script, style"):
+            el.replace_with("x")
+        for block in article.find_all(["p", "li", "td", "th", "dd", "dt", "figcaption"]):
+            for m in re.finditer(rf"{_CJK}[ \t]*\n\s*{_CJK}", block.get_text()):
+                found.append(f"{page.relative_to(HTML)}: {m.group(0)!r}")
+    assert not found, f"{len(found)} line breaks between Chinese characters, e.g. {found[:5]}"

@@ -11,6 +11,9 @@
 - The Colab badge image is served from _static/ (the book shows no broken image offline).
 - Interface strings that myst-nb leaves in English ("Show code cell source") are translated.
 - Figures in cell outputs link to their full-size image (tap a small figure on a phone).
+- A line break in the Markdown source between two Chinese characters (or Chinese punctuation)
+  disappears: browsers other than Firefox render it as a space ("，  每"), which Chinese text
+  does not have. Breaks next to Latin letters, digits or formulas stay spaces.
 """
 
 from __future__ import annotations
@@ -115,6 +118,73 @@ def _last_verified(app, doctree, docname) -> None:
     section.insert(1, nodes.paragraph("", text, classes=[LAST_VERIFIED_CLASS]))
 
 
+# ------------------------------------------------------------------------------ Chinese line breaks
+
+_CJK = re.compile(r"[\u2e80-\u9fff\u3000-\u303f\uf900-\ufaff\uff00-\uffef]")
+_CJK_PUNCT = set("“”‘’—…·")
+# Text inside these is code, mathematics or raw output: never touched.
+_VERBATIM = (nodes.literal, nodes.literal_block, nodes.math, nodes.math_block, nodes.raw,
+             nodes.comment, nodes.doctest_block)
+
+
+def _cjk_side(ch: str, strict: bool) -> bool:
+    return bool(ch) and (bool(_CJK.match(ch)) or (not strict and ch in _CJK_PUNCT))
+
+
+def join_cjk_lines(texts: list[str]) -> list[str]:
+    """Drop each newline (with the spaces around it) that joins two Chinese characters.
+
+    `texts` are the text pieces of one paragraph in reading order (a role or link splits a
+    paragraph into pieces; the neighbour of a newline at a piece's edge is in the next piece).
+    A newline goes when the characters on both sides are Chinese characters or Chinese
+    punctuation (full-width forms, “”‘’—…·), and at least one side is not one of the ASCII-range
+    quotes and dashes. Everything else is returned unchanged.
+    """
+    joined = "\x00".join(texts)
+    out, i = [], 0
+    for m in re.finditer(r"[ \t]*\n[ \t]*", joined):
+        before = joined[:m.start()].replace("\x00", "")[-1:]
+        after = joined[m.end():].replace("\x00", "")[:1]
+        keep = not ((_cjk_side(before, True) and _cjk_side(after, False))
+                    or (_cjk_side(before, False) and _cjk_side(after, True)))
+        out.append(joined[i:m.start()])
+        out.append(m.group(0) if keep else "")
+        i = m.end()
+    out.append(joined[i:])
+    return "".join(out).split("\x00")
+
+
+def _text_pieces(block) -> list:
+    """The Text nodes of `block` in reading order; None stands for text in code or a formula,
+    which counts as a Latin character (a line break next to a formula stays a space)."""
+    pieces = []
+    for node in block.findall(nodes.Text):
+        parent, verbatim = node.parent, False
+        while parent is not None and parent is not block:
+            if isinstance(parent, _VERBATIM):
+                verbatim = True
+                break
+            parent = parent.parent
+        pieces.append(None if verbatim else node)
+    return pieces
+
+
+def _join_chinese_lines(app, doctree, docname) -> None:
+    for block in list(doctree.findall(nodes.TextElement)):
+        if isinstance(block, (nodes.Inline, *_VERBATIM)) or any(
+                isinstance(c, nodes.TextElement) and not isinstance(c, nodes.Inline) for c in block.children):
+            continue                                     # only the innermost text blocks
+        pieces = _text_pieces(block)
+        texts = ["x" if p is None else p.astext() for p in pieces]
+        if not any("\n" in t for p, t in zip(pieces, texts) if p is not None):
+            continue
+        for node, text in zip(pieces, join_cjk_lines(texts)):
+            if node is not None and text != node.astext():
+                parent = node.parent           # by identity: Text is a str, and .replace()/.index()
+                k = next(i for i, child in enumerate(parent.children) if child is node)   # match by value
+                parent[k] = nodes.Text(text)
+
+
 # ------------------------------------------------------------------------------ page HTML
 
 def _colab_edition_buttons(buttons) -> None:
@@ -173,5 +243,6 @@ def _page(app, pagename, templatename, context, doctree) -> None:
 def setup(app) -> dict:
     app.connect("env-get-updated", _chapter_equation_numbers, priority=900)
     app.connect("doctree-resolved", _last_verified)
+    app.connect("doctree-resolved", _join_chinese_lines)
     app.connect("html-page-context", _page, priority=950)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}
