@@ -188,3 +188,20 @@ def test_colab_simulation(name):
     print(json.dumps(report, indent=1))
     assert report["before"] == report["after"]
     assert report["widget_images"] >= 1
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("正文都在\n标题为", "正文都在标题为"),
+    ("> 提示框\n> 第二行\n\n> 另一个", "> 提示框第二行\n\n> 另一个"),
+    ("> 引文里\n正文", "> 引文里\n正文"),                      # different quote depth
+    ("- 项目一\n- 项目二", "- 项目一\n- 项目二"),
+    ("- 项目文字\n  继续", "- 项目文字继续"),                   # lazy continuation
+    ("文字\n$$\n中\n文\n$$\n后面", "文字\n$$\n中\n文\n$$\n后面"),
+    ("```text\n注释\n注释\n```", "```text\n注释\n注释\n```"),
+    ("表格：\n| 甲 |", "表格：\n| 甲 |"),
+    ("### 标题\n正文", "### 标题\n正文"),
+    ("中文  \n硬换行", "中文  \n硬换行"),
+    ("公式\n$x$ 的值", "公式\n$x$ 的值"),
+])
+def test_chinese_lines_are_joined_only_inside_paragraphs(text, expected):
+    assert edition.join_chinese_lines(text) == expected

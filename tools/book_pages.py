@@ -131,6 +131,13 @@ def _cjk_side(ch: str, strict: bool) -> bool:
     return bool(ch) and (bool(_CJK.match(ch)) or (not strict and ch in _CJK_PUNCT))
 
 
+def cjk_joinable(before: str, after: str) -> bool:
+    """Whether a line break between the characters `before` and `after` should vanish: both are
+    Chinese characters or Chinese punctuation (“”‘’—…· count only next to a Chinese character)."""
+    return ((_cjk_side(before, True) and _cjk_side(after, False))
+            or (_cjk_side(before, False) and _cjk_side(after, True)))
+
+
 def join_cjk_lines(texts: list[str]) -> list[str]:
     """Drop each newline (with the spaces around it) that joins two Chinese characters.
 
@@ -145,8 +152,7 @@ def join_cjk_lines(texts: list[str]) -> list[str]:
     for m in re.finditer(r"[ \t]*\n[ \t]*", joined):
         before = joined[:m.start()].replace("\x00", "")[-1:]
         after = joined[m.end():].replace("\x00", "")[:1]
-        keep = not ((_cjk_side(before, True) and _cjk_side(after, False))
-                    or (_cjk_side(before, False) and _cjk_side(after, True)))
+        keep = not cjk_joinable(before, after)
         out.append(joined[i:m.start()])
         out.append(m.group(0) if keep else "")
         i = m.end()

@@ -201,6 +201,54 @@ def _scan_markdown(text: str, doc: str, index: BookIndex, counters: dict[str, in
                 index.targets[options["name"]] = Target("admonition", doc, title)
 
 
+_QUOTE_PREFIX = re.compile(r"^((?:[ \t]*>)*[ \t]?)")
+_BLOCK_START = re.compile(r"^(#|\||[-*+]\s|\d+[.)]\s|\$\$|<|:::|```|~~~)")
+_FENCE_LINE = re.compile(r"^(?:[ \t]*>)*[ \t]*(`{3,}|~{3,})")
+
+
+def join_chinese_lines(markdown: str) -> str:
+    """Join a paragraph's source lines where the break falls between two Chinese characters.
+
+    Jupyter and Colab render such a break as a space ("，  每"); Chinese text has none. Lines in
+    fenced code and $$ blocks, table rows, headings and list or block starts are never joined; a
+    blockquote line joins the previous one only at the same quote depth (its "> " is dropped).
+    The HTML book does the same on its doctree (tools/book_pages.py).
+    """
+    from book_pages import cjk_joinable
+
+    out: list[str] = []
+    fence, in_math = None, False
+    joinable_prev = False
+    for line in markdown.split("\n"):
+        prefix = _QUOTE_PREFIX.match(line).group(1)
+        body = line[len(prefix):]
+        fenced = _FENCE_LINE.match(line)
+        if fence or fenced:
+            if fence is None:
+                fence = fenced.group(1)
+            elif fenced and fenced.group(1).startswith(fence[0]) and len(fenced.group(1)) >= len(fence):
+                fence = None
+            out.append(line)
+            joinable_prev = False
+            continue
+        if body.strip().startswith("$$") or in_math:
+            if body.strip().count("$$") % 2 == 1:
+                in_math = not in_math
+            out.append(line)
+            joinable_prev = False
+            continue
+        text = body.strip()
+        if (joinable_prev and text and not _BLOCK_START.match(text)
+                and _QUOTE_PREFIX.match(out[-1]).group(1).strip() == prefix.strip()
+                and not out[-1].endswith("  ")
+                and cjk_joinable(out[-1].rstrip()[-1:], text[:1])):
+            out[-1] = out[-1].rstrip() + text
+        else:
+            out.append(line)
+        joinable_prev = bool(text) and not text.startswith(("#", "|"))
+    return "\n".join(out)
+
+
 def book_index(root: str | Path = BOOK_ROOT) -> BookIndex:
     """Scan chapters/*.ipynb, index.md and appendix/*.md for labels and numbers."""
     root = Path(root)
@@ -430,7 +478,7 @@ class Converter:
         out = self._block(text.split("\n"))
         joined = "\n".join(out)
         joined = re.sub(r"\n{3,}", "\n\n", joined)
-        return joined.strip("\n")
+        return join_chinese_lines(joined.strip("\n"))
 
     def _block(self, lines: list[str]) -> list[str]:
         out: list[str] = []
