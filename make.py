@@ -7,9 +7,10 @@
 
 Other targets: ``env`` (only create/refresh .venv and the git output filter), ``lib`` (library
 and notebook-hygiene tests), ``nb`` (nbval only), ``html`` (checks on an already built book),
-``colab`` (refresh badges and setup cells from _config.yml's repository.url, and regenerate the
-Colab edition colab/), ``colab-test [NN ...]`` (run the Colab edition of every chapter, or of the
-given ones, in a simulated Colab runtime), ``bench`` (python -m attnbook.bench), ``clean``.
+``colab`` (refresh badges and setup cells from _config.yml's repository.url, link the first use
+of each glossary term in every chapter, and regenerate the Colab edition colab/),
+``colab-test [NN ...]`` (run the Colab edition of every chapter, or of the given ones, in a
+simulated Colab runtime), ``bench`` (python -m attnbook.bench), ``clean``.
 
 Options (environment variables, or --torch-index URL on the command line):
     ATTNBOOK_TORCH_INDEX=URL   install torch from this package index (pip --index-url), e.g. a
@@ -240,6 +241,7 @@ def main(argv: list[str]) -> None:
         test_html()
     elif target == "colab":
         run([PY, "tools/colab.py"])
+        run([PY, "tools/glossary.py"])          # link each glossary term's first use per chapter
         run([PY, "tools/colab_edition.py"])
     elif target == "colab-test":
         chapters = [a for a in argv[2:] if not a.startswith("--") and a != torch_index(argv)]
