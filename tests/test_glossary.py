@@ -107,7 +107,7 @@ def test_term_roles_in_chapters_name_glossary_terms(entries):
 def test_chapters_link_the_first_use_of_every_term():
     changed = glossary.link_first_uses(check_only=True)
     report = {p.name: f"{len(keys)} ({'、'.join(keys[:4])}…)" for p, keys in changed.items()}
-    assert not changed, f"first uses not linked yet, run `python tools/glossary.py`: {report}"
+    assert not changed, f"first uses not linked yet, run `python3 make.py colab` (or `python tools/glossary.py`): {report}"
 
 
 # ------------------------------------------------------------------------------ the linker
