@@ -362,3 +362,12 @@ def test_chapter_09_quotes_benchmarks_results_verbatim():
 
     assert lines(tables) and lines(box[box.index("**Forward**"):]) == lines(tables), \
         "chapter 09's copy of benchmarks/RESULTS.md differs; paste the new tables into its dropdown"
+
+
+@notebook_params
+def test_code_lines_fit_the_text_column(path):
+    """CHAPTER.md point 14: code lines <= 88 characters, or they scroll sideways in the book."""
+    nb = nbformat.read(path, as_version=4)
+    too_long = [(i, line) for i, c in enumerate(nb.cells) if c.cell_type == "code"
+                for line in _source(c).split("\n") if len(line) > colab.MAX_LINE]
+    assert not too_long, f"{path.name}: code lines over {colab.MAX_LINE} characters: {too_long}"
