@@ -14,6 +14,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import load_tool
+
+edition = load_tool("colab_edition")        # the book's one label index and role parser
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTATION = ROOT / "appendix" / "notation.md"
@@ -23,8 +26,6 @@ SECTION_LABEL = re.compile(r"^[ \t]*\(([^()\s]+)\)=[ \t]*$", re.M)            # 
 NAME_OPTION = re.compile(r"^[ \t]*:name:[ \t]*(\S+)[ \t]*$", re.M)              # :name: err-ch04-masks
 EQUATION_LABEL = re.compile(r"\$\$[ \t]*\(([A-Za-z][\w.:\-]*)\)[ \t]*$", re.M)  # $$ (eq-ch04-scores)
 MATH_LABEL = re.compile(r"^[ \t]*:label:[ \t]*(\S+)[ \t]*$", re.M)              # ```{math} :label: …
-ROLE = re.compile(r"\{(ref|eq)\}`([^`]+)`")
-EXPLICIT = re.compile(r"^(?P<text>.*\S)\s*<(?P<target>[^<>\s]+)>$", re.S)
 
 
 def _markdown_of(path: Path) -> str:
@@ -49,25 +50,15 @@ def _labels(text: str) -> tuple[set[str], set[str]]:
 def book_labels() -> dict[str, dict[str, Path]]:
     """{"ref": {label: source}, "eq": {label: source}} over every source of the book."""
     found: dict[str, dict[str, Path]] = {"ref": {}, "eq": {}}
-    for path in _sources():
-        refs, eqs = _labels(_markdown_of(path))
-        for kind, labels in (("ref", refs), ("eq", eqs)):
-            for label in labels:
-                found[kind].setdefault(label, path)
+    for label, target in edition.book_index(ROOT).targets.items():
+        source = ROOT / (target.doc + (".ipynb" if target.doc.startswith("chapters/") else ".md"))
+        found["eq" if target.kind == "equation" else "ref"][label] = source
     return found
 
 
 def _roles(text: str) -> list[tuple[str, str, str | None]]:
     """[(role, target, explicit text or None)] for every {ref}/{eq} in ``text``."""
-    roles = []
-    for role, body in ROLE.findall(text):
-        body = body.strip()
-        match = EXPLICIT.match(body)
-        if match:
-            roles.append((role, match["target"], match["text"]))
-        else:
-            roles.append((role, body, None))
-    return roles
+    return [(role, label, explicit) for role, explicit, label in edition.role_targets(text, ("ref", "eq"))]
 
 
 @pytest.fixture(scope="module")

@@ -249,6 +249,17 @@ def join_chinese_lines(markdown: str) -> str:
     return "\n".join(out)
 
 
+def split_target(content: str) -> tuple[str | None, str]:
+    """A cross-reference role's content: "text <label>" -> ("text", "label"), "label" -> (None, "label")."""
+    explicit = _REF_TEXT.match(content)
+    return (explicit.group(1), explicit.group(2).strip()) if explicit else (None, content.strip())
+
+
+def role_targets(text: str, names: tuple[str, ...] = ("ref",)) -> list[tuple[str, str | None, str]]:
+    """(role, explicit text or None, label) for every role in `text` whose name is in `names`."""
+    return [(m.group(1), *split_target(m.group(2))) for m in _ROLE.finditer(text) if m.group(1) in names]
+
+
 def book_index(root: str | Path = BOOK_ROOT) -> BookIndex:
     """Scan chapters/*.ipynb, index.md and appendix/*.md for labels and numbers."""
     root = Path(root)
@@ -405,8 +416,7 @@ class Converter:
                 if key not in self.cited:
                     self.cited.append(key)
             return self.bib.cite(keys, textual=name in ("cite:t", "cite:ts"))
-        explicit = _REF_TEXT.match(content)
-        text, label = (explicit.group(1), explicit.group(2)) if explicit else (None, content.strip())
+        text, label = split_target(content)
         if name == "ref":
             target = self._target(label)
             where = self._where(target)

@@ -31,6 +31,10 @@ from pathlib import Path
 
 import yaml
 
+if str(Path(__file__).resolve().parent) not in sys.path:      # tools/ is not a package
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from colab_edition import book_index, role_targets  # noqa: E402  (one label index, one role parser)
+
 BOOK_ROOT = Path(__file__).resolve().parent.parent
 SOURCE = BOOK_ROOT / "appendix" / "errata.yml"
 ROW_FIELDS = ("box", "findings", "seed", "correction", "verified", "source")
@@ -44,7 +48,6 @@ KINDS = tuple(KIND_FORMS)
 _FINDING = re.compile(r"^(\d+)\.(\d+)$")
 _CHAPTER = re.compile(r"^\d\d$")
 _BOX = re.compile(r"^err-ch(\d\d)-[a-z0-9-]+$")
-_REF = re.compile(r"\{(?:ref|eq|numref)\}`(?:[^`<]*<)?([^`<>]+?)>?`")
 _ERRATUM_BOX = re.compile(r"^:::+\{admonition\}\s*原笔记[:：]")
 _NAME = re.compile(r"^:name:\s*(\S+)\s*$")
 
@@ -184,14 +187,11 @@ def erratum_boxes(root: str | Path = BOOK_ROOT) -> dict[str, list[str]]:
 
 def refs(text: str) -> list[str]:
     """The labels that the {ref}/{eq}/{numref} roles in `text` point to."""
-    return [m.group(1).strip() for m in _REF.finditer(text)]
+    return [label for _, _, label in role_targets(text, ("ref", "eq", "numref"))]
 
 
 def problems(data: dict | None = None, root: str | Path = BOOK_ROOT) -> list[str]:
     """Everything that keeps the errata source from matching the book; [] when it matches."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from colab_edition import book_index
-
     data = load(Path(root) / "appendix" / "errata.yml") if data is None else data
     index = book_index(root)
     boxes = erratum_boxes(root)

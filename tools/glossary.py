@@ -43,6 +43,10 @@ from pathlib import Path
 
 import nbformat
 
+if str(Path(__file__).resolve().parent) not in sys.path:      # tools/ is not a package
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from colab_edition import book_index, role_targets, split_target  # noqa: E402  (one label index, one role parser)
+
 BOOK_ROOT = Path(__file__).resolve().parent.parent
 GLOSSARY = "appendix/glossary.md"
 CHAPTER_GLOB = "[0-9][0-9]_*.ipynb"
@@ -61,10 +65,7 @@ _HEADING = re.compile(r"^ {0,3}#{1,6}(\s|$)")
 _COLON_OPEN = re.compile(r"^\s*(:{3,})\{([\w\-:]+)\}")
 _FENCE = re.compile(r"^\s*(`{3,}|~{3,})(.*)$")
 _OPTION = re.compile(r"^\s*:[A-Za-z][\w\-]*:(\s|$)")
-_NAME_OPTION = re.compile(r"^\s*:name:\s*(\S+)\s*$")
 _TERM_ROLE = re.compile(r"\{term\}`([^`]+)`")
-_REF_ROLE = re.compile(r"\{ref\}`([^`]+)`")
-_EXPLICIT = re.compile(r"^(.*?)\s*<([^<>]+)>\s*$", re.S)
 _ASCII_WORD = re.compile(r"[A-Za-z0-9_\-]")
 
 # Inline constructs that are not prose, tried left to right (the first alternative that matches
@@ -189,8 +190,7 @@ def find_entry(entries: list[Entry], name: str) -> Entry | None:
 
 def role_target(content: str) -> str:
     """`注意力权重 <注意力权重>` -> `注意力权重`; `掩码` -> `掩码` (the term a role names)."""
-    explicit = _EXPLICIT.match(content)
-    return (explicit.group(2) if explicit else content).strip()
+    return split_target(content)[1]
 
 
 # ------------------------------------------------------------------------------ prose
@@ -473,35 +473,15 @@ def link_first_uses(check_only: bool = False, *, root: str | Path = BOOK_ROOT,
 # ------------------------------------------------------------------------------ labels
 
 def book_labels(root: str | Path = BOOK_ROOT) -> dict[str, str]:
-    """{label: document} for the `(label)=` lines and `:name:` options of the chapters'
-    markdown cells, index.md and appendix/*.md (what a {ref} can point to)."""
-    root = Path(root)
-    found: dict[str, str] = {}
-
-    def scan(text: str, doc: str) -> None:
-        for line in text.split("\n"):
-            m = _LABEL_LINE.match(line) or _NAME_OPTION.match(line)
-            if m:
-                found.setdefault(m.group(1), doc)
-
-    for path in chapter_paths(root):
-        nb = nbformat.read(path, as_version=4)
-        for cell in nb.cells:
-            if cell.cell_type == "markdown":
-                scan(_source(cell), f"chapters/{path.stem}")
-    for path in [root / "index.md", *sorted((root / "appendix").glob("*.md"))]:
-        if path.is_file():
-            scan(path.read_text(encoding="utf-8"), path.relative_to(root).with_suffix("").as_posix())
-    return found
+    """{label: document} for everything a {ref} can point to (chapters, index.md, appendix/*.md):
+    the Colab edition's label index, minus equation labels."""
+    return {label: target.doc for label, target in book_index(root).targets.items()
+            if target.kind != "equation"}
 
 
 def ref_targets(text: str) -> list[tuple[str | None, str]]:
     """The `{ref}` roles in `text`: (explicit text or None, label)."""
-    out = []
-    for m in _REF_ROLE.finditer(text):
-        explicit = _EXPLICIT.match(m.group(1))
-        out.append((explicit.group(1), explicit.group(2).strip()) if explicit else (None, m.group(1).strip()))
-    return out
+    return [(explicit, label) for _, explicit, label in role_targets(text, ("ref",))]
 
 
 def main(argv: list[str] | None = None) -> int:
