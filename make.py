@@ -5,8 +5,9 @@
     python3 make.py test    # library tests, nbval on every chapter, the Colab simulation for one
                             # chapter, the book build with -W, HTML and browser checks
 
-Other targets: ``env`` (only create/refresh .venv and the git output filter), ``lib`` (library
-and notebook-hygiene tests), ``nb`` (nbval only), ``html`` (checks on an already built book),
+Other targets: ``env`` (only create/refresh .venv and the git output filter), ``lib`` (the
+library tests, tests/lib), ``hygiene`` (book, tooling and environment tests, tests/book, without
+the built HTML), ``nb`` (nbval only), ``html`` (checks on an already built book),
 ``colab`` (refresh badges and setup cells from _config.yml's repository.url, link the first use
 of each glossary term in every chapter, and regenerate the Colab edition colab/),
 ``colab-test [NN ...]`` (run the Colab edition of every chapter, or of the given ones, in a
@@ -189,15 +190,21 @@ def build_book(strict: bool = True) -> None:
 
 
 def test_lib() -> None:
-    say("library and hygiene tests (pytest tests/: Triton kernel under TRITON_INTERPRET=1, notebooks "
-        "as git would commit them, Colab edition in sync and free of MyST, macOS/Windows resolution)")
-    run([PY, "-m", "pytest", "tests", "-q", "-m", "not book and not browser"])
+    say("library tests (pytest tests/lib: every module, the Triton kernel under TRITON_INTERPRET=1)")
+    run([PY, "-m", "pytest", "tests/lib", "-q"])
+
+
+def test_hygiene() -> None:
+    say("book, tooling and environment tests (pytest tests/book: notebooks as git would commit them, "
+        "Colab edition in sync and free of MyST, errata/glossary/notation, make.py, macOS/Windows "
+        "resolution against the package index)")
+    run([PY, "-m", "pytest", "tests/book", "-q", "-m", "not book and not browser"])
 
 
 def test_colab(chapters: list[str]) -> None:
     which = "every chapter" if chapters == ["all"] else "chapter " + ", ".join(chapters)
     say(f"the Colab edition of {which} in a simulated Colab runtime (tools/colab_sim.py)")
-    run([PY, "-m", "pytest", "tests/test_colab_edition.py", "-q", "-s", "-k", "test_colab_simulation", "-rs"],
+    run([PY, "-m", "pytest", "tests/book/test_colab_edition.py", "-q", "-s", "-k", "test_colab_simulation", "-rs"],
         env={"ATTNBOOK_COLAB_CHAPTERS": ",".join(chapters)})
 
 
@@ -209,7 +216,7 @@ def test_notebooks() -> None:
 
 def test_html() -> None:
     say("checks on the built HTML (links, local MathJax, Chinese search, real browser)")
-    run([PY, "-m", "pytest", "tests", "-q", "-m", "book or browser", "-rs"])
+    run([PY, "-m", "pytest", "tests/book", "-q", "-m", "book or browser", "-rs"])
 
 
 def main(argv: list[str]) -> None:
@@ -228,6 +235,7 @@ def main(argv: list[str]) -> None:
         build_book()
     elif target == "test":
         test_lib()
+        test_hygiene()
         test_notebooks()
         test_colab([COLAB_CI_CHAPTER])
         build_book()
@@ -235,6 +243,8 @@ def main(argv: list[str]) -> None:
         print(f"\nAll tests passed in {time.time() - t0:.0f} s.")
     elif target == "lib":
         test_lib()
+    elif target == "hygiene":
+        test_hygiene()
     elif target == "nb":
         test_notebooks()
     elif target == "html":

@@ -21,7 +21,7 @@ pick cuDNN on Hopper); ``--sdpa default`` keeps torch's own choice. The header s
 
 ``--dry-run`` runs the same code on the CPU with tiny sizes ("tiled" standing in for "triton",
 float32, T = 64, 128, 256, targets judged at T >= 128): it checks the plan, the budget logic and
-the writer on a machine without a GPU (tests/test_selfcheck.py runs it).
+the writer on a machine without a GPU (tests/book/test_gpu_script.py runs it).
 """
 from __future__ import annotations
 

@@ -337,7 +337,7 @@ class Bibliography:
 
     def label(self, key: str) -> tuple[str, str]:
         """(names, year) of a key; a key missing from references.bib shows as itself (the
-        bibliography test in tests/test_notebooks.py reports it)."""
+        bibliography test in tests/book/test_notebooks.py reports it)."""
         if key not in self.labels:
             if key not in self._warned:
                 self._warned.add(key)

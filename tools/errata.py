@@ -9,7 +9,7 @@ appendix/errata.md holds the page's prose and headings; where a table goes it sa
 This module, loaded as a Sphinx extension (`_config.yml`: local_extensions), renders those
 directives from appendix/errata.yml as MyST list-tables, so the table text lives in one place.
 
-It also checks the source against the book (tests/test_errata.py runs `problems()`):
+It also checks the source against the book (tests/book/test_errata.py runs `problems()`):
 - every erratum box in chapter NN (`:::{admonition} 原笔记：… → …` with `:name: err-chNN-…`)
   has exactly one row in chapter NN's table, in the order of the boxes, and every row names
   such a box;

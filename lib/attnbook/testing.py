@@ -5,16 +5,29 @@ FlashAttention's own tests use: its error against a float64 reference may be at 
 ``factor`` times the error of the naive (materialised) kernel run in the *same* dtype, plus one
 rounding step of that dtype at the reference's magnitude. The failure message prints both
 errors, so a regression says how far off it is, not just that it is.
+
+It also holds the few helpers that the library's tests, the chapters and the self-check share:
+the one float64 tolerance ``F64_TOL``, seeded random tensors (``rand``, ``qkv``, ``make_mask``),
+a masked log-sum-exp oracle (``lse_ref``, ``assert_lse``) and ``import_triton_flash``.
 """
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
 from ._checks import check_tensor
 
-__all__ = ["assert_close_to_reference", "max_abs_error", "rounding_step", "relative_error"]
+__all__ = [
+    "assert_close_to_reference", "max_abs_error", "rounding_step", "relative_error",
+    "F64_TOL", "CPU_BACKENDS", "rand", "qkv", "make_mask", "lse_ref", "assert_lse", "import_triton_flash",
+]
+
+# The one float64 tolerance for exact identities (tests, chapters, selfcheck): a wrong rescale or
+# a missed tile is many orders of magnitude above it, float64 rounding of these sizes far below.
+F64_TOL = dict(rtol=1e-10, atol=1e-12)
+CPU_BACKENDS = ("ref", "tiled", "sdpa")  # the explicit backends every CPU machine runs
 
 
 def max_abs_error(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -102,3 +115,72 @@ def assert_close_to_reference(
 def _check_pair(fn: str, a, b) -> None:
     check_tensor("a", a, fn=fn, min_ndim=0, floating=False)
     check_tensor("b", b, fn=fn, min_ndim=0, floating=False)
+
+
+# ------------------------------------------------------------------ shared test helpers
+NEG_INF = float("-inf")
+
+
+def rand(*shape, dtype=torch.float64, seed=0, scale=1.0):
+    """Standard normal tensor from its own seeded generator (never the global RNG state)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=dtype) * scale
+
+
+def qkv(b=2, h=3, tq=7, tk=9, d=5, dv=4, *, dtype=torch.float64, seed=0, scale=1.0):
+    """q ``(b, h, tq, d)``, k ``(b, h, tk, d)`` (both times ``scale``), v ``(b, h, tk, dv)``."""
+    return (rand(b, h, tq, d, dtype=dtype, seed=seed, scale=scale),
+            rand(b, h, tk, d, dtype=dtype, seed=seed + 1, scale=scale),
+            rand(b, h, tk, dv, dtype=dtype, seed=seed + 2))
+
+
+def make_mask(kind, b, h, tq, tk, seed=0):
+    """None, a random bool mask (True = attend) or an additive float mask with some -inf, ``(b, 1, tq, tk)``."""
+    if kind is None:
+        return None
+    g = torch.Generator().manual_seed(seed + 10)
+    keep = torch.rand(b, 1, tq, tk, generator=g) > 0.3  # broadcast over heads
+    if kind == "bool":
+        return keep
+    bias = torch.randn(b, 1, tq, tk, generator=g, dtype=torch.float64)
+    return bias.masked_fill(~keep, NEG_INF)
+
+
+def lse_ref(q, k, mask=None, causal=False, scale=None):
+    """The masked-lse oracle: log-sum-exp of each row of the materialised, masked, scaled scores."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    s = (q @ k.transpose(-2, -1)) * scale
+    if mask is not None:
+        s = s.masked_fill(~mask, NEG_INF) if mask.dtype == torch.bool else s + mask
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), NEG_INF)
+    return torch.logsumexp(s, -1)
+
+
+def assert_lse(lse, expected):
+    """``lse`` equals the oracle: -inf exactly where it is -inf, float64-close elsewhere, never NaN."""
+    assert not torch.isnan(lse).any()
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(expected))
+    fin = torch.isfinite(expected)
+    torch.testing.assert_close(lse[fin], expected[fin].to(lse.dtype), **F64_TOL)
+
+
+def import_triton_flash():
+    """``attnbook.triton_flash``, with its kernels built for the CPU interpreter when there is no GPU.
+
+    ``@triton.jit`` reads ``TRITON_INTERPRET`` when ``attnbook.triton_kernels`` is first imported
+    (by ``attnbook.triton_flash``), so it is set for that import only and restored after it: the
+    rest of the session (notebooks above all) never sees it. Tests that run the kernels set it
+    again while they run (the interpreter reads it then too).
+    """
+    saved = os.environ.get("TRITON_INTERPRET")
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        from attnbook import triton_flash
+    finally:
+        if saved is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+    return triton_flash

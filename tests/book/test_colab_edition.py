@@ -18,10 +18,10 @@ import shutil
 from pathlib import Path
 
 import nbformat
-from conftest import load_tool
+from _tools import load_tool
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
 
 

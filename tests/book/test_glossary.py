@@ -12,10 +12,10 @@ import re
 from pathlib import Path
 
 import nbformat
-from conftest import load_tool
+from _tools import load_tool
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 

@@ -21,7 +21,7 @@ from attnbook.rnn import (
 )
 
 F64 = torch.float64
-from conftest import F64_TOL as TOL  # noqa: E402 (the one float64 tolerance)
+from attnbook.testing import F64_TOL as TOL  # noqa: E402 (the one float64 tolerance)
 
 
 def make_rnn(d_in=3, d_h=5, nonlinearity="tanh", bias=True, seed=0, scale=1.0):

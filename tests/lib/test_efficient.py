@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnbook.reference import attention_ref
-from conftest import F64_TOL as TOL, qkv
+from attnbook.testing import F64_TOL as TOL, qkv
 from attnbook.efficient import (
     elu_feature_map,
     fixed_mask,

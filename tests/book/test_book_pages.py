@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import load_tool
+from _tools import load_tool
 from docutils import nodes
 
 book_pages = load_tool("book_pages")

@@ -25,7 +25,7 @@ from attnbook.positional import (
 )
 
 f64 = torch.float64
-from conftest import F64_TOL as TIGHT  # noqa: E402 (the one float64 tolerance)
+from attnbook.testing import F64_TOL as TIGHT  # noqa: E402 (the one float64 tolerance)
 
 
 def _max_err(a, b) -> float:

@@ -25,7 +25,7 @@ from attnbook.multihead import MultiHeadAttention
 from attnbook.reference import padding_mask
 
 F64 = torch.float64
-from conftest import F64_TOL as TOL  # noqa: E402 (the one float64 tolerance)
+from attnbook.testing import F64_TOL as TOL  # noqa: E402 (the one float64 tolerance)
 
 
 def randn(*shape, seed=0, dtype=F64, scale=1.0, shift=0.0):

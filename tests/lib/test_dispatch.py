@@ -8,7 +8,7 @@ import attnbook
 from attnbook import attention, attention_ref, choose_backend
 from attnbook import dispatch
 from attnbook.testing import assert_close_to_reference
-from conftest import CPU_BACKENDS, F64_TOL as F64, rand
+from attnbook.testing import CPU_BACKENDS, F64_TOL as F64, rand
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)

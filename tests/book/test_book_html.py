@@ -23,7 +23,7 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HTML = Path(os.environ.get("ATTNBOOK_HTML_DIR", ROOT / "_build" / "html")).resolve()
 CHROMIUM = Path("/usr/bin/chromium")
 MATHJAX_ENTRY = "_static/mathjax/tex-chtml.js"
@@ -478,7 +478,7 @@ def test_search_snippets_have_no_raw_latex(book_url):
 
 
 def test_errata_page_shows_every_row_of_its_source():
-    from conftest import load_tool
+    from _tools import load_tool
 
     data = load_tool("errata").load()
     soup = _soup(HTML / "appendix" / "errata.html")

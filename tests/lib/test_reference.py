@@ -20,7 +20,7 @@ from attnbook.reference import (
     scaled_dot_scores,
 )
 
-from conftest import F64_TOL as F64, rand
+from attnbook.testing import F64_TOL as F64, rand
 
 
 def test_scores_shapes_and_identities():

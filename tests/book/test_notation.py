@@ -14,11 +14,11 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import load_tool
+from _tools import load_tool
 
 edition = load_tool("colab_edition")        # the book's one label index and role parser
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTATION = ROOT / "appendix" / "notation.md"
 CHAPTERS = sorted((ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"))
 

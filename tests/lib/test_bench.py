@@ -10,7 +10,7 @@ import torch
 import attnbook.bench as bench
 from attnbook import attention, dispatch
 from attnbook.bench import BenchConfig, attention_flops, format_table, main, run_benchmark
-from conftest import CPU_BACKENDS
+from attnbook.testing import CPU_BACKENDS
 
 QUICK = dict(device="cpu", quick=True, min_time=0.01, max_time=0.05)  # a few hundredths of a second per row
 

@@ -39,8 +39,8 @@ from hypothesis import strategies as st
 from attnbook.flash import DOUBLE_BACKWARD_ERROR
 from attnbook.reference import attention_ref, padding_mask, visible_keys
 from attnbook.testing import assert_close_to_reference, max_abs_error
-from conftest import NEG_INF, import_triton_flash, lse_ref
-from conftest import rand as _rand
+from attnbook.testing import NEG_INF, import_triton_flash, lse_ref
+from attnbook.testing import rand as _rand
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from conftest import CPU_BACKENDS, F64_TOL, rand
+from attnbook.testing import CPU_BACKENDS, F64_TOL, rand
 
 from attnbook import causal_mask, padding_mask
 from attnbook.multihead import (

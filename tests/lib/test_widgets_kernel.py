@@ -17,7 +17,7 @@ import pytest
 
 jupyter_client = pytest.importorskip("jupyter_client")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 IPYWIDGETS_7 = ROOT / ".venv" / "ipywidgets-7.7.1"  # a cached --target install, outside git
 
 CELL = """

@@ -26,7 +26,7 @@ from attnbook.transformer import (
     label_smoothed_cross_entropy,
     vaswani_lr,
 )
-from conftest import F64_TOL, import_triton_flash
+from attnbook.testing import F64_TOL, import_triton_flash
 
 f64 = torch.float64
 SRC_V, TGT_V, D, H, L, DFF = 11, 13, 16, 4, 2, 32

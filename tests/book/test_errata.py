@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import load_tool
+from _tools import load_tool
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 errata = load_tool("errata")
 
 

@@ -12,7 +12,7 @@ import attnbook.flash as flash
 from attnbook.reference import attention_ref, padding_mask
 from attnbook.flash import attention_tiled, default_blocks, online_softmax, tile_schedule
 from attnbook.testing import assert_close_to_reference, max_abs_error, rounding_step
-from conftest import F64_TOL as F64, NEG_INF, assert_lse, lse_ref, make_mask, qkv, rand
+from attnbook.testing import F64_TOL as F64, NEG_INF, assert_lse, lse_ref, make_mask, qkv, rand
 
 # ---------------------------------------------------------------------------------------------
 # online_softmax
