@@ -1,9 +1,13 @@
-"""Input validation for every public function of the library (one module, one message format).
+"""The library's shared argument validators and their one message format.
 
 Each helper raises ``TypeError`` for a value of the wrong kind and ``ValueError`` for a value of
 the right kind out of range, with the message ``"{fn}: `{name}` must be ..., got ..."``, so the
 same mistake reads the same in every module. Python and numpy scalars are treated alike
 (``numpy.int64(3)`` is an int, ``numpy.float32(0.5)`` a float; bools are neither).
+
+Modules compose these helpers; a function a chapter shows with ``show_source`` keeps its checks
+out of its body, in one ``_check_<function>(...)`` call at the top (or, for the attention
+kernels, in the ``@attention_kernel`` decorator below), so the code the reader sees is the maths.
 """
 from __future__ import annotations
 
@@ -18,11 +22,17 @@ __all__ = [
     "attention_kernel",
     "check_attention_args",
     "check_bool",
+    "check_bool_mask",
     "check_choice",
+    "check_device",
+    "check_dtype",
+    "check_even_dim",
     "check_float",
     "check_int",
+    "check_query_key",
     "check_scale",
     "check_tensor",
+    "check_tokens",
     "describe",
 ]
 
@@ -95,6 +105,79 @@ def check_choice(name: str, value, choices, *, fn: str):
     if not ok:
         raise ValueError(f"{fn}: `{name}` must be one of {choices}, got {value!r}")
     return value
+
+
+def check_dtype(name: str, dtype, *, fn: str) -> torch.dtype:
+    """A floating ``torch.dtype``, or None for PyTorch's default; returns the dtype that will be used
+    (``torch.get_default_dtype()`` for None), so a caller may also ignore the result."""
+    dtype = torch.get_default_dtype() if dtype is None else dtype
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"{fn}: `{name}` must be a floating torch.dtype (float16/bfloat16/float32/"
+                        f"float64) or None, got {dtype!r}")
+    return dtype
+
+
+def check_device(name: str, device, *, fn: str):
+    """A device torch can name (``None``, ``"cpu"``, ``torch.device(...)``, an index); returned as given."""
+    if device is None:
+        return None
+    if isinstance(device, bool):
+        raise TypeError(f"{fn}: `{name}` must be a torch.device, a device string or None, got {device!r}")
+    try:
+        torch.device(device)
+    except (TypeError, RuntimeError, ValueError):
+        raise (TypeError if not isinstance(device, (str, int)) else ValueError)(
+            f"{fn}: `{name}` must be a torch.device, a device string such as 'cpu' or None, "
+            f"got {device!r}") from None
+    return device
+
+
+def check_even_dim(name: str, value, *, fn: str) -> int:
+    """An even feature size >= 2 (dims that come in pairs: (sin, cos), rotation planes)."""
+    value = check_int(name, value, fn=fn, minimum=2)
+    if value % 2:
+        raise ValueError(f"{fn}: `{name}` must be even (dims come in pairs), got {value}")
+    return value
+
+
+def check_tokens(name: str, t, vocab_size: int, *, fn: str, ndim: int = 2, allow_empty: bool = False) -> None:
+    """Token ids: a ``torch.long`` tensor with ``ndim`` dims (default ``(B, T)``), ids in ``[0, vocab_size)``."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{fn}: `{name}` must be a torch.long tensor of token ids, got {type(t).__name__}"
+                        + (" (use torch.tensor(...))" if isinstance(t, (list, tuple)) else ""))
+    if t.ndim != ndim or t.dtype != torch.long:
+        shape = "(B, T)" if ndim == 2 else f"{ndim}-D"
+        raise TypeError(f"{fn}: `{name}` must be a {shape} torch.long tensor of token ids, got {describe(t)}")
+    if not allow_empty and t.numel() == 0:
+        raise ValueError(f"{fn}: `{name}` must be non-empty, got shape {tuple(t.shape)}")
+    if t.numel() and (bool((t < 0).any()) or bool((t >= vocab_size).any())):
+        raise ValueError(f"{fn}: `{name}` must hold ids in [0, {vocab_size}), "
+                         f"got min {int(t.min())}, max {int(t.max())}")
+
+
+def check_bool_mask(name: str, mask, *, fn: str, square: bool = False) -> None:
+    """A bool mask tensor (True = may attend); ``square``: exactly ``(T, T)``."""
+    check_tensor(name, mask, fn=fn, floating=False)
+    if mask.dtype != torch.bool:
+        raise TypeError(f"{fn}: `{name}` must be a bool tensor (True = may attend), got {describe(mask)}")
+    if square and (mask.ndim != 2 or mask.shape[0] != mask.shape[1]):
+        raise ValueError(f"{fn}: `{name}` must be a square (T, T) mask, got shape {tuple(mask.shape)}")
+
+
+def check_query_key(q, k, *, fn: str, params=()) -> None:
+    """q ``(..., Tq, D)``, k ``(..., Tk, D')`` (and named weight tensors ``params``): floating,
+    of q's dtype and device, with leading (batch) dims that broadcast."""
+    check_tensor("q", q, fn=fn, min_ndim=2)
+    check_tensor("k", k, fn=fn, min_ndim=2)
+    for name, t in (("k", k), *params):
+        if t.dtype != q.dtype or t.device != q.device:
+            raise TypeError(f"{fn}: `{name}` must have q's dtype and device ({q.dtype}, {q.device}), "
+                            f"got {t.dtype}, {t.device}")
+    try:
+        torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    except RuntimeError:
+        raise ValueError(f"{fn}: the leading (batch) dims of q {tuple(q.shape)} and k {tuple(k.shape)} "
+                         f"do not broadcast") from None
 
 
 def check_scale(scale, d: int, *, fn: str) -> float:

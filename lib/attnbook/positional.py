@@ -12,8 +12,10 @@ gives it a sense of order:
 - ``alibi_slopes`` / ``alibi_bias``: Press et al.'s linear biases, an additive float mask for
   :func:`attnbook.attention`.
 
-All three share the frequency ladder ``omega_i = base ** (-2 i / d)``, ``i = 0 .. d/2 - 1``.
-Angles ``p * omega_i`` are computed in float64 and only the final sin / cos are cast to the
+The sinusoidal table, its rotations and RoPE share the frequency ladder
+``omega_i = base ** (-2 i / d)``, ``i = 0 .. d/2 - 1`` (``frequencies``); ALiBi has no ladder: its
+per-head slopes are the geometric sequence ``2 ** (-8 h' / H)`` (``alibi_slopes``), and it biases
+scores by distance instead of rotating or adding vectors. Angles ``p * omega_i`` are computed in float64 and only the final sin / cos are cast to the
 requested dtype: in float32 the product ``p * omega_i`` itself is rounded by up to ``p * 2**-24``
 (about 1e-4 rad at p = 2048), which is the error a float32 implementation sees otherwise.
 """
@@ -23,7 +25,8 @@ import math
 
 import torch
 
-from ._checks import check_bool, check_choice, check_float, check_int, check_tensor
+from ._checks import (check_bool, check_choice, check_device, check_dtype, check_even_dim, check_float,
+                      check_int, check_tensor)
 
 __all__ = [
     "alibi_bias",
@@ -38,35 +41,28 @@ __all__ = [
 PAIRINGS = ("interleaved", "half")
 
 
-def _check_d(d_model, fn: str) -> int:
-    d_model = check_int("d_model", d_model, fn=fn, minimum=2)
-    if d_model % 2:
-        raise ValueError(f"{fn}: `d_model` must be even (dims come in (sin, cos) pairs), got {d_model}")
-    return d_model
-
-
-def _check_dtype(dtype, fn: str) -> torch.dtype:
-    dtype = torch.get_default_dtype() if dtype is None else dtype
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"{fn}: `dtype` must be a floating torch.dtype, got {dtype!r}")
-    return dtype
+def _check_ladder(fn: str, d_model, base, dtype=None, device=None) -> tuple[int, float, torch.dtype]:
+    """The arguments every function of the frequency ladder takes: even d_model, base > 0, dtype, device."""
+    check_device("device", device, fn=fn)
+    return (check_even_dim("d_model", d_model, fn=fn),
+            check_float("base", base, fn=fn, minimum=0.0, inclusive=False),
+            check_dtype("dtype", dtype, fn=fn))
 
 
 def frequencies(d_model: int, *, base: float = 10000.0, device=None) -> torch.Tensor:
-    """The frequency ladder (chapter 06, eq. 2): ``omega_i = base ** (-2 i / d_model)``.
+    """The frequency ladder (chapter 06, eq-ch06-sinusoid): ``omega_i = base ** (-2 i / d_model)``.
 
     Args: d_model (even), base (> 0; 10000 in Vaswani et al. and RoFormer).
     Returns a float64 tensor ``(d_model / 2,)``, from ``omega_0 = 1`` down to ``base ** (-(d-2)/d)``.
     """
-    d_model = _check_d(d_model, "frequencies")
-    base = check_float("base", base, fn="frequencies", minimum=0.0, inclusive=False)
+    d_model, base, _ = _check_ladder("frequencies", d_model, base, device=device)
     i = torch.arange(d_model // 2, dtype=torch.float64, device=device)
     return base ** (-2.0 * i / d_model)  # (d/2,)
 
 
 def sinusoidal_encoding(n_positions: int, d_model: int, *, base: float = 10000.0, dtype=None,
                         device=None) -> torch.Tensor:
-    """Sinusoidal positional encoding (chapter 06, eq. 2; Vaswani et al. 2017, section 3.5).
+    """Sinusoidal positional encoding (chapter 06, eq-ch06-sinusoid; Vaswani et al. 2017, section 3.5).
 
     ``PE[p, 2i] = sin(p * omega_i)``, ``PE[p, 2i + 1] = cos(p * omega_i)``, interleaved as in
     the paper (some codebases concatenate ``[sin | cos]`` halves instead: a fixed permutation).
@@ -80,9 +76,7 @@ def sinusoidal_encoding(n_positions: int, d_model: int, *, base: float = 10000.0
         ``(n_positions, d_model)``; row p is the (row) vector ``PE(p)``, added to token embeddings.
     """
     n_positions = check_int("n_positions", n_positions, fn="sinusoidal_encoding")
-    d_model = _check_d(d_model, "sinusoidal_encoding")
-    base = check_float("base", base, fn="sinusoidal_encoding", minimum=0.0, inclusive=False)
-    dtype = _check_dtype(dtype, "sinusoidal_encoding")
+    d_model, base, dtype = _check_ladder("sinusoidal_encoding", d_model, base, dtype, device)
     omega = frequencies(d_model, base=base, device=device)  # (d/2,)
     angle = torch.arange(n_positions, dtype=torch.float64, device=device)[:, None] * omega  # (P, d/2)
     pe = torch.stack([angle.sin(), angle.cos()], dim=-1)  # (P, d/2, 2): (sin, cos) pairs
@@ -91,7 +85,7 @@ def sinusoidal_encoding(n_positions: int, d_model: int, *, base: float = 10000.0
 
 def rotation_matrix(k: float, d_model: int, *, base: float = 10000.0, dtype=None,
                     device=None) -> torch.Tensor:
-    """The block-diagonal ``M_k`` with ``PE(p + k) = PE(p) M_k`` for every p (chapter 06, eq. 3).
+    """The block-diagonal ``M_k`` with ``PE(p + k) = PE(p) M_k`` for every p (chapter 06, eq-ch06-rotation).
 
     Each 2x2 block acts on the pair ``(sin, cos)`` of frequency ``omega_i``; in the row-vector
     convention it is ``[[cos k w, -sin k w], [sin k w, cos k w]]``, the transpose of the seed's
@@ -101,9 +95,7 @@ def rotation_matrix(k: float, d_model: int, *, base: float = 10000.0, dtype=None
     Returns: ``(d_model, d_model)``, orthogonal, ``M_j @ M_k = M_{j + k}``.
     """
     k = check_float("k", k, fn="rotation_matrix")
-    d_model = _check_d(d_model, "rotation_matrix")
-    base = check_float("base", base, fn="rotation_matrix", minimum=0.0, inclusive=False)
-    dtype = _check_dtype(dtype, "rotation_matrix")
+    d_model, base, dtype = _check_ladder("rotation_matrix", d_model, base, dtype, device)
     angle = k * frequencies(d_model, base=base, device=device)  # (d/2,)
     c, s = angle.cos(), angle.sin()
     blocks = torch.stack([torch.stack([c, -s], -1), torch.stack([s, c], -1)], -2)  # (d/2, 2, 2)
@@ -117,13 +109,13 @@ def half_split_permutation(d_model: int) -> torch.Tensor:
     ``[0, 2, 4, ..., 1, 3, 5, ...]``. With it,
     ``apply_rope(x[..., perm], pairing="half") == apply_rope(x, pairing="interleaved")[..., perm]``.
     """
-    d_model = _check_d(d_model, "half_split_permutation")
+    d_model = check_even_dim("d_model", d_model, fn="half_split_permutation")
     return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
 
 
 def apply_rope(x: torch.Tensor, positions=None, *, base: float = 10000.0,
                pairing: str = "interleaved") -> torch.Tensor:
-    """Rotary position embedding (chapter 06, eq. 5; Su et al. 2021, RoFormer, section 3).
+    """Rotary position embedding (chapter 06, eq-ch06-rope; Su et al. 2021, RoFormer, section 3).
 
     Rotates each pair of features of the vector at position m by the angle ``m * omega_i``:
     ``(a, b) -> (a cos - b sin, a sin + b cos)``. Applied to queries and keys after their
@@ -133,7 +125,7 @@ def apply_rope(x: torch.Tensor, positions=None, *, base: float = 10000.0,
     Args:
         x: ``(..., T, D)`` floating, D even (e.g. ``(B, H, T, D)`` queries or keys).
         positions: the position of each of the T rows, a tensor broadcastable to ``(..., T)``
-            (integers or floats); default ``0 .. T - 1``.
+            (finite integers or floats, on x's device); default ``0 .. T - 1``.
         base: the ladder's base (10000 in RoFormer; larger in some long-context models).
         pairing: ``"interleaved"`` rotates ``(x_0, x_1), (x_2, x_3), ...`` (RoFormer);
             ``"half"`` rotates ``(x_i, x_{i + D/2})`` (``rotate_half`` in GPT-NeoX and in
@@ -141,27 +133,8 @@ def apply_rope(x: torch.Tensor, positions=None, *, base: float = 10000.0,
     Returns:
         A tensor like ``x``; norms are preserved. Angles are computed in float64, then cast.
     """
-    check_tensor("x", x, fn="apply_rope", min_ndim=2)
-    base = check_float("base", base, fn="apply_rope", minimum=0.0, inclusive=False)
-    check_choice("pairing", pairing, PAIRINGS, fn="apply_rope")
-    t, d = x.shape[-2], x.shape[-1]
-    if d % 2:
-        raise ValueError(f"apply_rope: the feature dim D of `x` must be even, got shape {tuple(x.shape)}")
-    if positions is None:
-        positions = torch.arange(t, device=x.device)
-    elif not isinstance(positions, torch.Tensor):
-        raise TypeError(f"apply_rope: `positions` must be a tensor or None, got {type(positions).__name__}")
-    elif positions.dtype == torch.bool or positions.is_complex():
-        raise TypeError(f"apply_rope: `positions` must hold real numbers, got dtype {positions.dtype}")
-    elif positions.device != x.device:
-        raise ValueError(f"apply_rope: `positions` is on {positions.device} but x is on {x.device}")
-    try:
-        shape = torch.broadcast_shapes(positions.shape, x.shape[:-1])
-    except RuntimeError:
-        shape = None
-    if shape != x.shape[:-1]:
-        raise ValueError(f"apply_rope: `positions` of shape {tuple(positions.shape)} does not broadcast to "
-                         f"x's (..., T) = {tuple(x.shape[:-1])}")
+    positions = _check_apply_rope(x, positions, base, pairing)  # default positions: 0 .. T - 1
+    d = x.shape[-1]
     omega = frequencies(d, base=base, device=x.device)  # (D/2,)
     angle = positions.to(torch.float64)[..., None] * omega  # (..., T, D/2)
     cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
@@ -172,8 +145,37 @@ def apply_rope(x: torch.Tensor, positions=None, *, base: float = 10000.0,
     return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
 
 
+def _check_apply_rope(x, positions, base, pairing) -> torch.Tensor:
+    """Every check of ``apply_rope``'s arguments; returns the positions (``0 .. T - 1`` for None)."""
+    fn = "apply_rope"
+    check_tensor("x", x, fn=fn, min_ndim=2)
+    check_float("base", base, fn=fn, minimum=0.0, inclusive=False)
+    check_choice("pairing", pairing, PAIRINGS, fn=fn)
+    if x.shape[-1] < 2 or x.shape[-1] % 2:
+        raise ValueError(f"{fn}: the feature dim D of `x` must be even and >= 2 (features are rotated in "
+                         f"pairs), got D = {x.shape[-1]} in shape {tuple(x.shape)}")
+    if positions is None:
+        return torch.arange(x.shape[-2], device=x.device)
+    if not isinstance(positions, torch.Tensor):
+        raise TypeError(f"{fn}: `positions` must be a tensor or None, got {type(positions).__name__}")
+    if positions.dtype == torch.bool or positions.is_complex():
+        raise TypeError(f"{fn}: `positions` must hold real numbers, got dtype {positions.dtype}")
+    if positions.device != x.device:
+        raise ValueError(f"{fn}: `positions` is on {positions.device} but x is on {x.device}")
+    if positions.dtype.is_floating_point and not bool(torch.isfinite(positions).all()):
+        raise ValueError(f"{fn}: `positions` must be finite, got a NaN or inf entry")
+    try:
+        shape = torch.broadcast_shapes(positions.shape, x.shape[:-1])
+    except RuntimeError:
+        shape = None
+    if shape != x.shape[:-1]:
+        raise ValueError(f"{fn}: `positions` of shape {tuple(positions.shape)} does not broadcast to "
+                         f"x's (..., T) = {tuple(x.shape[:-1])}")
+    return positions
+
+
 def alibi_slopes(n_heads: int, *, dtype=None, device=None) -> torch.Tensor:
-    """ALiBi's fixed, head-specific slopes (chapter 06, eq. 6; Press et al. 2022, section 3).
+    """ALiBi's fixed, head-specific slopes (chapter 06, eq-ch06-alibi; Press et al. 2022, section 3).
 
     For ``h`` a power of two: the geometric sequence with start and ratio ``2 ** (-8 / h)``,
     e.g. h = 8 gives 1/2, 1/4, ..., 1/256. Otherwise (the authors' reference code): the slopes of
@@ -182,8 +184,7 @@ def alibi_slopes(n_heads: int, *, dtype=None, device=None) -> torch.Tensor:
 
     Returns ``(n_heads,)``, all in (0, 1), computed in float64 and cast to ``dtype``.
     """
-    n_heads = check_int("n_heads", n_heads, fn="alibi_slopes")
-    dtype = _check_dtype(dtype, "alibi_slopes")
+    n_heads, dtype = _check_alibi("alibi_slopes", n_heads, dtype, device)
 
     def power_of_two(h: int) -> list[float]:
         start = 2.0 ** (-(2.0 ** -(math.log2(h) - 3)))  # = 2 ** (-8 / h), as in the reference code
@@ -198,7 +199,7 @@ def alibi_slopes(n_heads: int, *, dtype=None, device=None) -> torch.Tensor:
 
 def alibi_bias(n_heads: int, tq: int, tk: int | None = None, *, symmetric: bool = False, dtype=None,
                device=None) -> torch.Tensor:
-    """ALiBi as an additive float mask for :func:`attnbook.attention` (chapter 06, eq. 6).
+    """ALiBi as an additive float mask for :func:`attnbook.attention` (chapter 06, eq-ch06-alibi).
 
     ``bias[h, i, j] = -m_h * (i - j)`` for keys at or before the query (``j <= i``), the
     *penalty* of Press et al. (distant keys lose score). ALiBi was defined for causal language
@@ -213,11 +214,8 @@ def alibi_bias(n_heads: int, tq: int, tk: int | None = None, *, symmetric: bool 
     Returns: ``(n_heads, tq, tk)``; broadcasts against ``(B, H, Tq, Tk)`` scores (for 2-D
     single-head inputs ``(T, D)`` pass ``alibi_bias(1, T)[0]``).
     """
-    n_heads = check_int("n_heads", n_heads, fn="alibi_bias")
-    tq = check_int("tq", tq, fn="alibi_bias")
-    tk = tq if tk is None else check_int("tk", tk, fn="alibi_bias")
-    symmetric = check_bool("symmetric", symmetric, fn="alibi_bias")
-    dtype = _check_dtype(dtype, "alibi_bias")
+    n_heads, dtype = _check_alibi("alibi_bias", n_heads, dtype, device)
+    tq, tk, symmetric = _check_alibi_bias(tq, tk, symmetric)
     i = torch.arange(tq, dtype=torch.float64, device=device)[:, None]
     j = torch.arange(tk, dtype=torch.float64, device=device)[None, :]
     m = alibi_slopes(n_heads, dtype=torch.float64, device=device)[:, None, None]  # (H, 1, 1)
@@ -225,3 +223,14 @@ def alibi_bias(n_heads: int, tq: int, tk: int | None = None, *, symmetric: bool 
         return (m * -(i - j).abs() + 0.0).to(dtype)  # (H, Tq, Tk); + 0.0 turns -0.0 into 0.0
     bias = (m * (j - i)).masked_fill(j > i, -math.inf)  # -m (i - j); (H, Tq, Tk), future blocked
     return bias.to(dtype)
+
+
+def _check_alibi(fn: str, n_heads, dtype, device) -> tuple[int, torch.dtype]:
+    check_device("device", device, fn=fn)
+    return check_int("n_heads", n_heads, fn=fn), check_dtype("dtype", dtype, fn=fn)
+
+
+def _check_alibi_bias(tq, tk, symmetric) -> tuple[int, int, bool]:
+    fn = "alibi_bias"
+    tq = check_int("tq", tq, fn=fn)
+    return tq, (tq if tk is None else check_int("tk", tk, fn=fn)), check_bool("symmetric", symmetric, fn=fn)

@@ -15,7 +15,8 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import attention_kernel, check_int, check_scale, check_tensor
+from ._checks import (attention_kernel, check_device, check_dtype, check_int, check_query_key, check_scale,
+                      check_tensor)
 
 __all__ = [
     "AttentionResult",
@@ -60,50 +61,35 @@ class AttentionResult(NamedTuple):
 # Score functions: (..., Tq, D) x (..., Tk, D) -> (..., Tq, Tk)
 # ---------------------------------------------------------------------------------------------
 
-def _check_qk(q, k, fn: str, *params) -> None:
-    """q, k (and the named weight tensors ``params``): floating, one dtype and device, batch dims broadcast."""
-    check_tensor("q", q, fn=fn, min_ndim=2)
-    check_tensor("k", k, fn=fn, min_ndim=2)
-    for name, t in (("k", k), *params):
-        if t.dtype != q.dtype or t.device != q.device:
-            raise TypeError(f"{fn}: `{name}` must have q's dtype and device ({q.dtype}, {q.device}), "
-                            f"got {t.dtype}, {t.device}")
-    try:
-        torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
-    except RuntimeError:
-        raise ValueError(f"{fn}: the leading (batch) dims of q {tuple(q.shape)} and k {tuple(k.shape)} "
-                         f"do not broadcast") from None
-
-
 def dot_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Dot-product scores (chapter 04, eq. 2; also chapter 03's "dot" score): ``e_ij = q_i . k_j``.
+    """Dot-product scores (chapter 04, eq-ch04-scores; chapter 03's "dot" score, eq-ch03-dot): ``e_ij = q_i . k_j``.
 
     Args: q ``(..., Tq, D)``, k ``(..., Tk, D)`` (leading dims broadcast).  Returns ``(..., Tq, Tk)``.
     """
-    _check_qk(q, k, "dot_scores")
+    check_query_key(q, k, fn="dot_scores")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"dot_scores: q and k need the same D, got {tuple(q.shape)} and {tuple(k.shape)}")
     return q @ k.transpose(-2, -1)  # (..., Tq, Tk)
 
 
 def scaled_dot_scores(q: torch.Tensor, k: torch.Tensor, scale: float | None = None) -> torch.Tensor:
-    """Scaled dot-product scores (chapter 04, eq. 4): ``e_ij = scale * q_i . k_j``, scale = 1/sqrt(D).
+    """Scaled dot-product scores (chapter 04, eq-ch04-scaled): ``e_ij = scale * q_i . k_j``, scale = 1/sqrt(D).
 
     Args: q ``(..., Tq, D)``, k ``(..., Tk, D)``, scale (default ``1/sqrt(D)``; finite, > 0).
     Returns ``(..., Tq, Tk)``. q is scaled before the product, as in ``attention_ref``.
     """
-    _check_qk(q, k, "scaled_dot_scores")
+    check_query_key(q, k, fn="scaled_dot_scores")
     scale = check_scale(scale, q.shape[-1], fn="scaled_dot_scores")
     return dot_scores(q * scale, k)
 
 
 def general_scores(q: torch.Tensor, k: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Luong's "general" (bilinear) scores (chapter 03): ``e_ij = q_i W k_j^T``.
+    """Luong's "general" (bilinear) scores (chapter 03, eq-ch03-general): ``e_ij = q_i W k_j^T``.
 
     Args: q ``(..., Tq, Dq)``, k ``(..., Tk, Dk)``, weight ``(Dq, Dk)``.  Returns ``(..., Tq, Tk)``.
     """
     check_tensor("weight", weight, fn="general_scores", min_ndim=2)
-    _check_qk(q, k, "general_scores", ("weight", weight))
+    check_query_key(q, k, fn="general_scores", params=[("weight", weight)])
     if weight.shape != (q.shape[-1], k.shape[-1]):
         raise ValueError(
             f"general_scores: `weight` must have shape (Dq, Dk) = ({q.shape[-1]}, {k.shape[-1]}), "
@@ -115,9 +101,9 @@ def general_scores(q: torch.Tensor, k: torch.Tensor, weight: torch.Tensor) -> to
 def additive_scores(
     q: torch.Tensor, k: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, v_a: torch.Tensor
 ) -> torch.Tensor:
-    """Additive (Bahdanau) scores (chapter 03): ``e_ij = v_a . tanh(q_i W_q + k_j W_k)``.
+    """Additive (Bahdanau) scores (chapter 03, eq-ch03-additive): ``e_ij = v_a . tanh(q_i W_q + k_j W_k)``.
 
-    Bounded: ``|e_ij| <= ||v_a||_1`` because ``|tanh| <= 1``.
+    Bounded: ``|e_ij| <= ||v_a||_1`` because ``|tanh| <= 1`` (eq-ch03-additive-bound).
 
     Args: q ``(..., Tq, Dq)``, k ``(..., Tk, Dk)``, w_q ``(Dq, A)``, w_k ``(Dk, A)``, v_a ``(A,)``.
     Returns ``(..., Tq, Tk)``.
@@ -125,7 +111,7 @@ def additive_scores(
     for name, t in (("w_q", w_q), ("w_k", w_k)):
         check_tensor(name, t, fn="additive_scores", min_ndim=2)
     check_tensor("v_a", v_a, fn="additive_scores", min_ndim=1)
-    _check_qk(q, k, "additive_scores", ("w_q", w_q), ("w_k", w_k), ("v_a", v_a))
+    check_query_key(q, k, fn="additive_scores", params=[("w_q", w_q), ("w_k", w_k), ("v_a", v_a)])
     a = v_a.shape[-1]
     if w_q.shape != (q.shape[-1], a) or w_k.shape != (k.shape[-1], a) or v_a.ndim != 1:
         raise ValueError(
@@ -141,15 +127,20 @@ def additive_scores(
 # ---------------------------------------------------------------------------------------------
 
 def causal_mask(tq: int, tk: int | None = None, *, device=None) -> torch.Tensor:
-    """Causal mask (chapter 04, eq. 12): query i may attend key j iff ``j <= i``.
+    """Causal mask (chapter 04, eq-ch04-causal-mask): query i may attend key j iff ``j <= i``.
 
     Top-left aligned when ``tq != tk``, like ``scaled_dot_product_attention(is_causal=True)``.
 
-    Args: tq, tk (default ``tq``).  Returns a bool tensor ``(tq, tk)``, True = may attend.
+    Args: tq, tk (default ``tq``), both >= 0.  Returns a bool tensor ``(tq, tk)``, True = may attend.
     """
-    tq = check_int("tq", tq, fn="causal_mask", minimum=0)
-    tk = tq if tk is None else check_int("tk", tk, fn="causal_mask", minimum=0)
+    tq, tk = _check_causal_mask(tq, tk, device)
     return torch.ones(tq, tk, dtype=torch.bool, device=device).tril()
+
+
+def _check_causal_mask(tq, tk, device) -> tuple[int, int]:
+    check_device("device", device, fn="causal_mask")
+    tq = check_int("tq", tq, fn="causal_mask", minimum=0)
+    return tq, (tq if tk is None else check_int("tk", tk, fn="causal_mask", minimum=0))
 
 
 def padding_mask(lengths, t: int) -> torch.Tensor:
@@ -158,21 +149,31 @@ def padding_mask(lengths, t: int) -> torch.Tensor:
     Args: lengths: ints or a 1-D integer tensor ``(B,)`` with ``0 <= lengths[b] <= t``; t: padded length.
     Returns a bool tensor ``(B, 1, 1, t)`` that broadcasts against ``(B, H, Tq, Tk)``.
     """
-    t = check_int("t", t, fn="padding_mask", minimum=0)
-    try:
-        lengths = torch.as_tensor(lengths)
-    except (TypeError, ValueError, RuntimeError):
-        raise TypeError(f"padding_mask: `lengths` must be ints or a 1-D integer tensor, got {lengths!r:.80}") from None
-    if lengths.ndim != 1 or lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
-        raise ValueError(f"padding_mask: `lengths` must be a 1-D integer sequence, got {lengths.dtype} {tuple(lengths.shape)}")
-    if (lengths < 0).any() or (lengths > t).any():
-        raise ValueError(f"padding_mask: every entry of `lengths` must lie in [0, {t}], got {lengths.tolist()}")
+    lengths, t = _check_padding_mask(lengths, t)
     keep = torch.arange(t, device=lengths.device) < lengths[:, None]  # (B, t)
     return keep[:, None, None, :]  # (B, 1, 1, t)
 
 
+def _check_padding_mask(lengths, t) -> tuple[torch.Tensor, int]:
+    """``lengths`` as a 1-D integer tensor with entries in [0, t], and t as an int."""
+    fn = "padding_mask"
+    t = check_int("t", t, fn=fn, minimum=0)
+    if isinstance(lengths, (str, bytes)) or lengths is None:
+        raise TypeError(f"{fn}: `lengths` must be ints or a 1-D integer tensor, got {lengths!r:.80}")
+    try:
+        lengths = torch.as_tensor(lengths) if len(lengths) else torch.zeros(0, dtype=torch.long)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"{fn}: `lengths` must be ints or a 1-D integer tensor, got {lengths!r:.80}") from None
+    if lengths.ndim != 1 or lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
+        raise ValueError(f"{fn}: `lengths` must be a 1-D integer sequence, got {lengths.dtype} {tuple(lengths.shape)}")
+    if (lengths < 0).any() or (lengths > t).any():
+        raise ValueError(f"{fn}: every entry of `lengths` must lie in [0, {t}], got {lengths.tolist()}")
+    return lengths, t
+
+
 def mask_to_additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     """Turn a bool mask (True = may attend) into an additive one (0 / -inf); floats are cast to ``dtype``."""
+    dtype = check_dtype("dtype", dtype, fn="mask_to_additive")
     if mask is not None:
         check_tensor("mask", mask, fn="mask_to_additive", min_ndim=0, floating=mask.dtype != torch.bool)
     if mask is None or mask.dtype != torch.bool:
@@ -182,7 +183,7 @@ def mask_to_additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Ten
 
 
 def masked_softmax(scores: torch.Tensor) -> torch.Tensor:
-    """Row softmax that returns zeros for rows whose scores are all ``-inf`` (chapter 04, eq. 5).
+    """Row softmax that returns zeros for rows whose scores are all ``-inf`` (chapter 04, eq-ch04-softmax).
 
     A hand-written ``exp(s - max) / sum`` gives 0/0 = NaN on such rows; here the row max is
     replaced by 0 where it is -inf, so every exp is 0 and the denominator is clamped.
@@ -243,7 +244,7 @@ def propagate_nonfinite(out, v, visible):
 
 @attention_kernel
 def attention_ref(q, k, v, *, mask=None, causal=False, scale=None):
-    """Scaled dot-product attention, materialised (chapter 04, eq. 7).
+    """Scaled dot-product attention, materialised (chapter 04, eq-ch04-attention).
 
     ``out = softmax(Q K^T * scale + M) V`` where M is 0 / -inf from ``mask`` and ``causal``.
     Computed in the input dtype (use float64 inputs for a high-precision reference).

@@ -28,16 +28,19 @@ not included), and ``step_jacobians`` returns ``factors[..., t-1, :, :] = J_t``.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable
 from typing import NamedTuple
 
 import torch
 from torch import nn
 
-from ._checks import check_bool, check_choice, check_float, check_int, check_tensor, describe
+from ._checks import (check_bool, check_choice, check_device, check_dtype, check_float, check_int, check_tensor,
+                      describe)
 
 __all__ = [
     "GAMMA",
+    "MATRIX_NORMS",
     "NONLINEARITIES",
     "RNNOutput",
     "SimpleRNN",
@@ -57,7 +60,7 @@ _ACTIVATIONS = {"tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu
 
 
 def activation_derivative(z: torch.Tensor, nonlinearity: str = "tanh") -> torch.Tensor:
-    """sigma'(z) elementwise for the RNN's nonlinearity (chapter 01, eq. eq-ch01-gamma; the diagonal of J_t).
+    """sigma'(z) elementwise for the RNN's nonlinearity (chapter 01, eq-ch01-gamma; the diagonal of J_t).
 
     tanh: 1 - tanh(z)^2;  sigmoid: s (1 - s) with s = sigmoid(z);  relu: 1 where z > 0, else 0
     (PyTorch's convention at z = 0, so the result equals autograd's).
@@ -87,7 +90,7 @@ class RNNOutput(NamedTuple):
 
 
 class SimpleRNN(nn.Module):
-    """A one-layer RNN in the row-vector convention (chapter 01, eq. eq-ch01-rnn).
+    """A one-layer RNN in the row-vector convention (chapter 01, eq-ch01-rnn).
 
         z_t = x_t W_xh + h_{t-1} W_hh + b,    h_t = sigma(z_t),    h_0 = h0 (zeros by default)
 
@@ -102,7 +105,7 @@ class SimpleRNN(nn.Module):
         d_hidden: hidden size d_h.
         nonlinearity: "tanh" (default), "sigmoid" or "relu".
         bias: whether to learn ``b``.
-        dtype, device: of the parameters.
+        dtype, device: of the parameters (a floating dtype; default torch's default dtype).
     """
 
     def __init__(self, d_in: int, d_hidden: int, *, nonlinearity: str = "tanh", bias: bool = True,
@@ -113,7 +116,7 @@ class SimpleRNN(nn.Module):
         self.d_hidden = check_int("d_hidden", d_hidden, fn=fn)
         self.nonlinearity = check_choice("nonlinearity", nonlinearity, NONLINEARITIES, fn=fn)
         bias = check_bool("bias", bias, fn=fn)
-        kw = dict(dtype=dtype, device=device)
+        kw = dict(dtype=check_dtype("dtype", dtype, fn=fn), device=check_device("device", device, fn=fn))
         bound = 1.0 / math.sqrt(self.d_hidden)
         self.W_xh = nn.Parameter(torch.empty(self.d_in, self.d_hidden, **kw).uniform_(-bound, bound))
         self.W_hh = nn.Parameter(torch.empty(self.d_hidden, self.d_hidden, **kw).uniform_(-bound, bound))
@@ -137,22 +140,8 @@ class SimpleRNN(nn.Module):
         Returns:
             ``RNNOutput(h, z)``, both (B, T, d_h): ``h[:, t-1] = h_t`` and ``z[:, t-1] = z_t``.
         """
-        fn = "SimpleRNN.forward"
-        check_tensor("x", x, fn=fn, min_ndim=3)
-        if x.ndim != 3 or x.shape[-1] != self.d_in:
-            raise ValueError(f"{fn}: `x` must be (B, T, d_in={self.d_in}), got {describe(x)}")
-        if x.dtype != self.W_hh.dtype or x.device != self.W_hh.device:
-            raise TypeError(f"{fn}: `x` must match the parameters' dtype {self.W_hh.dtype} and device "
-                            f"{self.W_hh.device}, got {describe(x)}")
+        h = self._check_forward(x, h0)                       # h_0: h0, or zeros (B, d_h)
         batch, steps = x.shape[0], x.shape[1]
-        if h0 is None:
-            h = x.new_zeros(batch, self.d_hidden)
-        else:
-            check_tensor("h0", h0, fn=fn, min_ndim=2)
-            if tuple(h0.shape) != (batch, self.d_hidden) or h0.dtype != x.dtype or h0.device != x.device:
-                raise ValueError(f"{fn}: `h0` must be (B={batch}, d_h={self.d_hidden}) with x's dtype and "
-                                 f"device, got {describe(h0)}")
-            h = h0
         xw = x @ self.W_xh                                   # (B, T, d_h): input terms of every step
         if self.b is not None:
             xw = xw + self.b
@@ -166,6 +155,23 @@ class SimpleRNN(nn.Module):
             empty = x.new_zeros(batch, 0, self.d_hidden)
             return RNNOutput(empty, empty)
         return RNNOutput(torch.stack(hs, 1), torch.stack(zs, 1))   # (B, T, d_h) each
+
+    def _check_forward(self, x, h0) -> torch.Tensor:
+        """Every check of ``forward``'s arguments; returns the initial state h_0."""
+        fn = "SimpleRNN.forward"
+        check_tensor("x", x, fn=fn, min_ndim=3)
+        if x.ndim != 3 or x.shape[-1] != self.d_in:
+            raise ValueError(f"{fn}: `x` must be (B, T, d_in={self.d_in}), got {describe(x)}")
+        if x.dtype != self.W_hh.dtype or x.device != self.W_hh.device:
+            raise TypeError(f"{fn}: `x` must match the parameters' dtype {self.W_hh.dtype} and device "
+                            f"{self.W_hh.device}, got {describe(x)}")
+        if h0 is None:
+            return x.new_zeros(x.shape[0], self.d_hidden)
+        check_tensor("h0", h0, fn=fn, min_ndim=2)
+        if tuple(h0.shape) != (x.shape[0], self.d_hidden) or h0.dtype != x.dtype or h0.device != x.device:
+            raise ValueError(f"{fn}: `h0` must be (B={x.shape[0]}, d_h={self.d_hidden}) with x's dtype and "
+                             f"device, got {describe(h0)}")
+        return h0
 
     @classmethod
     def from_torch(cls, rnn: nn.RNN) -> "SimpleRNN":
@@ -196,7 +202,7 @@ class SimpleRNN(nn.Module):
 
 
 def step_jacobians(rnn: SimpleRNN, z: torch.Tensor) -> torch.Tensor:
-    """Per-step Jacobians J_t = d h_t / d h_{t-1} = diag(sigma'(z_t)) W_hh^T (chapter 01, eq. eq-ch01-step).
+    """Per-step Jacobians J_t = d h_t / d h_{t-1} = diag(sigma'(z_t)) W_hh^T (chapter 01, eq-ch01-step).
 
     Numerator layout: ``J_t[a, b] = d h_t[a] / d h_{t-1}[b] = sigma'(z_t[a]) W_hh[b, a]``.
 
@@ -206,14 +212,21 @@ def step_jacobians(rnn: SimpleRNN, z: torch.Tensor) -> torch.Tensor:
     Returns:
         factors (..., T, d_h, d_h) with ``factors[..., t-1, :, :] = J_t``.
     """
+    _check_step_jacobians(rnn, z)
+    d = activation_derivative(z, rnn.nonlinearity)         # (..., T, d_h): the diagonal of diag(sigma'(z_t))
+    return d[..., :, None] * rnn.W_hh.T                    # row a scaled by sigma'(z_t[a]): diag(d) W_hh^T
+
+
+def _check_step_jacobians(rnn, z) -> None:
     fn = "step_jacobians"
     if not isinstance(rnn, SimpleRNN):
         raise TypeError(f"{fn}: `rnn` must be an attnbook.rnn.SimpleRNN, got {type(rnn).__name__}")
     check_tensor("z", z, fn=fn, min_ndim=2)
     if z.shape[-1] != rnn.d_hidden:
         raise ValueError(f"{fn}: `z` must be (..., T, d_h={rnn.d_hidden}), got {describe(z)}")
-    d = activation_derivative(z, rnn.nonlinearity)         # (..., T, d_h): the diagonal of diag(sigma'(z_t))
-    return d[..., :, None] * rnn.W_hh.T                    # row a scaled by sigma'(z_t[a]): diag(d) W_hh^T
+    if z.dtype != rnn.W_hh.dtype or z.device != rnn.W_hh.device:
+        raise TypeError(f"{fn}: `z` must have the RNN's dtype {rnn.W_hh.dtype} and device {rnn.W_hh.device}, "
+                        f"got {describe(z)}")
 
 
 def _check_factors(fn: str, factors) -> None:
@@ -223,7 +236,7 @@ def _check_factors(fn: str, factors) -> None:
 
 
 def jacobian_product(factors: torch.Tensor, t: int, k: int) -> torch.Tensor:
-    """d h_t / d h_k = J_t J_{t-1} ... J_{k+1}, latest step on the left (chapter 01, eq. eq-ch01-full).
+    """d h_t / d h_k = J_t J_{t-1} ... J_{k+1}, latest step on the left (chapter 01, eq-ch01-full).
 
     Args:
         factors: (..., T, d_h, d_h) from :func:`step_jacobians` (``factors[..., j-1] = J_j``).
@@ -231,13 +244,7 @@ def jacobian_product(factors: torch.Tensor, t: int, k: int) -> torch.Tensor:
     Returns:
         (..., d_h, d_h).
     """
-    fn = "jacobian_product"
-    _check_factors(fn, factors)
-    steps = factors.shape[-3]
-    t = check_int("t", t, fn=fn, minimum=0)
-    k = check_int("k", k, fn=fn, minimum=0)
-    if not k <= t <= steps:
-        raise ValueError(f"{fn}: need 0 <= k <= t <= T={steps}, got k={k}, t={t}")
+    t, k = _check_jacobian_product(factors, t, k)
     d = factors.shape[-1]
     eye = torch.eye(d, dtype=factors.dtype, device=factors.device)
     out = eye.expand(*factors.shape[:-3], d, d).clone()
@@ -246,13 +253,26 @@ def jacobian_product(factors: torch.Tensor, t: int, k: int) -> torch.Tensor:
     return out
 
 
+def _check_jacobian_product(factors, t, k) -> tuple[int, int]:
+    fn = "jacobian_product"
+    _check_factors(fn, factors)
+    t, k = check_int("t", t, fn=fn, minimum=0), check_int("k", k, fn=fn, minimum=0)
+    if not k <= t <= factors.shape[-3]:
+        raise ValueError(f"{fn}: need 0 <= k <= t <= T={factors.shape[-3]}, got k={k}, t={t}")
+    return t, k
+
+
+MATRIX_NORMS = (2, -2, 1, -1, math.inf, -math.inf, "fro", "nuc")  # what torch.linalg.matrix_norm takes
+
+
 def jacobian_norms(factors: torch.Tensor, k: int = 0, *, ord: int | float | str = 2) -> torch.Tensor:
-    """Norms ||d h_t / d h_k|| for t = k, ..., T from one running product (chapter 01, eq. eq-ch01-bound).
+    """Norms ||d h_t / d h_k|| for t = k, ..., T from one running product (chapter 01, eq-ch01-bound).
 
     Args:
         factors: (..., T, d_h, d_h) from :func:`step_jacobians`.
         k: the earlier step, 0 <= k <= T.
-        ord: matrix norm for ``torch.linalg.matrix_norm``: 2 (spectral, the default), "fro", ...
+        ord: matrix norm for ``torch.linalg.matrix_norm``, one of ``MATRIX_NORMS``: 2 (spectral,
+            the default), -2, 1, -1, inf, -inf, "fro", "nuc".
     Returns:
         (..., T - k + 1): entry i is the norm of the product over a gap of t - k = i steps (1 at i = 0).
     """
@@ -262,6 +282,9 @@ def jacobian_norms(factors: torch.Tensor, k: int = 0, *, ord: int | float | str 
     k = check_int("k", k, fn=fn, minimum=0)
     if k > steps:
         raise ValueError(f"{fn}: need 0 <= k <= T={steps}, got k={k}")
+    numeric = isinstance(ord, numbers.Real) and not isinstance(ord, bool)
+    if not (ord in ("fro", "nuc") if isinstance(ord, str) else numeric and ord in MATRIX_NORMS):
+        raise ValueError(f"{fn}: `ord` must be one of {MATRIX_NORMS} (torch.linalg.matrix_norm), got {ord!r}")
     d = factors.shape[-1]
     prod = torch.eye(d, dtype=factors.dtype, device=factors.device).expand(*factors.shape[:-3], d, d)
     norms = [torch.linalg.matrix_norm(prod, ord=ord)]
@@ -283,9 +306,15 @@ def _grads(fn: str, parameters) -> list[torch.Tensor]:
     return [p.grad for p in params if p.grad is not None]
 
 
+def _check_clip(fn: str, parameters, threshold) -> tuple[float, list[torch.Tensor]]:
+    """The threshold (finite, > 0) and the gradients of ``parameters`` that exist."""
+    name = "max_norm" if fn == "clip_grad_norm" else "clip_value"
+    return check_float(name, threshold, fn=fn, minimum=0.0, inclusive=False), _grads(fn, parameters)
+
+
 @torch.no_grad()
 def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
-    """Rescale all gradients together when their global L2 norm exceeds ``max_norm`` (chapter 01, eq. eq-ch01-clip).
+    """Rescale all gradients together when their global L2 norm exceeds ``max_norm`` (chapter 01, eq-ch01-clip).
 
     The global norm is taken over every gradient concatenated into one vector,
 
@@ -303,9 +332,7 @@ def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
     Returns:
         the global norm N **before** clipping (a 0-dim tensor), like PyTorch.
     """
-    fn = "clip_grad_norm"
-    max_norm = check_float("max_norm", max_norm, fn=fn, minimum=0.0, inclusive=False)
-    grads = _grads(fn, parameters)
+    max_norm, grads = _check_clip("clip_grad_norm", parameters, max_norm)
     if not grads:
         return torch.tensor(0.0)
     norms = [torch.linalg.vector_norm(g, 2) for g in grads]              # ||g_p|| per tensor
@@ -328,7 +355,6 @@ def clip_grad_value(parameters, clip_value: float) -> None:
         parameters: a tensor or an iterable of tensors; those whose ``.grad`` is None are skipped.
         clip_value: c > 0.
     """
-    fn = "clip_grad_value"
-    clip_value = check_float("clip_value", clip_value, fn=fn, minimum=0.0, inclusive=False)
-    for g in _grads(fn, parameters):
+    clip_value, grads = _check_clip("clip_grad_value", parameters, clip_value)
+    for g in grads:
         g.clamp_(min=-clip_value, max=clip_value)
