@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 __all__ = [
+    "as_backend",
     "attention_kernel",
     "check_attention_args",
     "check_bool",
@@ -142,12 +143,13 @@ def check_even_dim(name: str, value, *, fn: str) -> int:
 
 def check_tokens(name: str, t, vocab_size: int, *, fn: str, ndim: int = 2, allow_empty: bool = False) -> None:
     """Token ids: a ``torch.long`` tensor with ``ndim`` dims (default ``(B, T)``), ids in ``[0, vocab_size)``."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{fn}: `{name}` must be a torch.long tensor of token ids, got {type(t).__name__}"
-                        + (" (use torch.tensor(...))" if isinstance(t, (list, tuple)) else ""))
+    if isinstance(t, (list, tuple)):
+        raise TypeError(f"{fn}: `{name}` must be a torch.Tensor of token ids (torch.long), got a "
+                        f"{type(t).__name__}; wrap it in torch.tensor(...)")
+    check_tensor(name, t, fn=fn, min_ndim=ndim, floating=False)
     if t.ndim != ndim or t.dtype != torch.long:
-        shape = "(B, T)" if ndim == 2 else f"{ndim}-D"
-        raise TypeError(f"{fn}: `{name}` must be a {shape} torch.long tensor of token ids, got {describe(t)}")
+        shape = " (B, T)" if ndim == 2 else ""
+        raise TypeError(f"{fn}: `{name}` must be a {ndim}-D torch.long tensor{shape} of token ids, got {describe(t)}")
     if not allow_empty and t.numel() == 0:
         raise ValueError(f"{fn}: `{name}` must be non-empty, got shape {tuple(t.shape)}")
     if t.numel() and (bool((t < 0).any()) or bool((t >= vocab_size).any())):
@@ -266,3 +268,18 @@ def attention_kernel(kernel):
         return kernel(q, k, v, mask=mask, causal=causal, scale=scale, **options)
 
     return checked
+
+
+def as_backend(kernel, **options):
+    """An ``@attention_kernel`` function in the backend registry's form ``fn(q, k, v, mask, causal, scale) -> out``.
+
+    It calls the unchecked body (``kernel.__wrapped__``, with ``options``): the dispatcher and the
+    first-use check have validated the arguments already.
+    """
+    body = kernel.__wrapped__
+
+    def backend(q, k, v, mask, causal, scale):
+        return body(q, k, v, mask=mask, causal=causal, scale=scale, **options).out
+
+    backend.__name__ = backend.__qualname__ = f"{kernel.__name__}_backend"
+    return backend

@@ -31,7 +31,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_float, check_int, describe
+from ._checks import check_float, check_int, check_tensor, describe
 
 __all__ = [
     "BeamStep",
@@ -69,9 +69,16 @@ class BeamStep(NamedTuple):
 def length_penalty(length: int, alpha: float) -> float:
     """GNMT length penalty lp(|y|) = ((5 + |y|) / 6) ** alpha (chapter 02, eq-ch02-lp).
 
-    Wu et al. 2016, section 7; |y| counts the EOS, so the empty output has lp = 1.
+    Wu et al. 2016, section 7; |y| counts the EOS, so the shortest output (EOS alone) has lp = 1.
+    Args: length |y|, an int >= 0; alpha, a finite number >= 0 (as in ``beam_search``).
     """
+    length, alpha = _check_length_penalty(length, alpha)
     return ((5 + length) / 6) ** alpha
+
+
+def _check_length_penalty(length, alpha) -> tuple[int, float]:
+    fn = "length_penalty"
+    return check_int("length", length, fn=fn, minimum=0), check_float("alpha", alpha, fn=fn, minimum=0.0)
 
 
 def _check_step(step, fn: str) -> None:
@@ -107,6 +114,17 @@ def _next_logprobs(step: Step, prefixes: torch.Tensor, *, eos: int, fn: str,
     return out
 
 
+def _token_list(tokens, fn: str) -> list[int]:
+    """``tokens`` (a sequence of ints or a 1-D integer tensor) as a list of ints >= 0."""
+    if isinstance(tokens, torch.Tensor):
+        if tokens.ndim != 1 or tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+            raise TypeError(f"{fn}: `tokens` must be a 1-D integer tensor or a sequence of ints, got {describe(tokens)}")
+        tokens = tokens.tolist()
+    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, (list, tuple, range)):
+        raise TypeError(f"{fn}: `tokens` must be a sequence of token ids (ints), got {type(tokens).__name__}")
+    return [check_int(f"tokens[{i}]", tok, fn=fn, minimum=0) for i, tok in enumerate(tokens)]
+
+
 def _start(bos: int, n: int = 1) -> torch.Tensor:
     return torch.full((n, 1), bos, dtype=torch.long)
 
@@ -115,11 +133,12 @@ def score_sequence(step: Step, tokens, *, bos: int) -> float:
     """log P(y|x) = sum_t log P(y_t | BOS y_<t) by teacher forcing (chapter 02, eq-ch02-chain-eos).
 
     Feeds the gold prefixes BOS, BOS y_1, ... one call per token.
+    Args: step (the protocol above); tokens: ids (a sequence of ints or a 1-D integer tensor); bos.
     """
     fn = "score_sequence"
     _check_step(step, fn)
     check_int("bos", bos, fn=fn, minimum=0)
-    tokens = [check_int("tokens[i]", tok, fn=fn, minimum=0) for tok in tokens]
+    tokens = _token_list(tokens, fn)
     prefix = [bos]
     total = 0.0
     for tok in tokens:
@@ -203,17 +222,12 @@ def beam_search(step: Step, *, bos: int, eos: int, beam_size: int, max_len: int,
     Returns:
         Up to ``beam_size`` finished ``Hypothesis`` objects, best score first.
     """
-    fn = "beam_search"
-    _check_common(step, bos, eos, max_len, fn)
-    k = check_int("beam_size", beam_size, fn=fn)
-    alpha = check_float("alpha", alpha, fn=fn, minimum=0.0)
-    if trace is not None and not isinstance(trace, list):
-        raise TypeError(f"{fn}: `trace` must be a list or None, got {type(trace).__name__}")
+    k, alpha = _check_beam_search(step, bos, eos, beam_size, max_len, alpha, trace)
     prefixes = _start(bos)                                  # (N, t): the live hypotheses
     live_lp = torch.zeros(1, dtype=torch.float64)           # (N,): their log P
     finished: list[Hypothesis] = []
     for t in range(1, max_len + 1):
-        logp = _next_logprobs(step, prefixes, eos=eos, fn=fn)                   # (N, V)
+        logp = _next_logprobs(step, prefixes, eos=eos, fn="beam_search")      # (N, V)
         tokens = torch.arange(logp.shape[1]) if t < max_len else torch.tensor([eos])
         cand = live_lp[:, None] + logp[:, tokens]           # (N, V'): log P of every expansion
         order = torch.sort(cand.flatten(), descending=True, stable=True).indices
@@ -244,6 +258,14 @@ def beam_search(step: Step, *, bos: int, eos: int, beam_size: int, max_len: int,
     return finished[:k]
 
 
+def _check_beam_search(step, bos, eos, beam_size, max_len, alpha, trace) -> tuple[int, float]:
+    fn = "beam_search"
+    _check_common(step, bos, eos, max_len, fn)
+    if trace is not None and not isinstance(trace, list):
+        raise TypeError(f"{fn}: `trace` must be a list or None, got {type(trace).__name__}")
+    return check_int("beam_size", beam_size, fn=fn), check_float("alpha", alpha, fn=fn, minimum=0.0)
+
+
 def enumerate_sequences(step: Step, *, bos: int, eos: int, vocab_size: int,
                         max_len: int) -> tuple[list[tuple[int, ...]], torch.Tensor]:
     """Every complete output with at most ``max_len`` tokens and its log P(y|x) (float64).
@@ -252,20 +274,12 @@ def enumerate_sequences(step: Step, *, bos: int, eos: int, vocab_size: int,
     step max_len, as in the searches). They sum to probability 1 only if the model itself
     ends every output by max_len (chapter 02 checks this by enumeration).
     """
-    fn = "enumerate_sequences"
-    _check_common(step, bos, eos, max_len, fn)
-    v = check_int("vocab_size", vocab_size, fn=fn, minimum=2)
-    if not eos < v:
-        raise ValueError(f"{fn}: `eos` must be < vocab_size = {v}, got {eos}")
-    count = sum((v - 1) ** t for t in range(max_len))
-    if count > MAX_ENUMERATED:
-        raise ValueError(f"{fn}: {count:,d} outputs for vocab_size={v}, max_len={max_len}; "
-                         f"enumeration is for tiny models (at most {MAX_ENUMERATED:,d})")
+    v = _check_enumerate(step, bos, eos, vocab_size, max_len)
     others = torch.tensor([tok for tok in range(v) if tok != eos])
     prefixes, live_lp = _start(bos), torch.zeros(1, dtype=torch.float64)
     sequences, logprobs = [], []
     for t in range(1, max_len + 1):
-        logp = _next_logprobs(step, prefixes, eos=eos, fn=fn, vocab_size=v)      # (N, V)
+        logp = _next_logprobs(step, prefixes, eos=eos, fn="enumerate_sequences", vocab_size=v)  # (N, V)
         sequences += [tuple(p) + (eos,) for p in prefixes[:, 1:].tolist()]
         logprobs.append(live_lp + logp[:, eos])
         if t == max_len:
@@ -275,6 +289,22 @@ def enumerate_sequences(step: Step, *, bos: int, eos: int, vocab_size: int,
         prefixes = torch.cat([prefixes.repeat_interleave(len(others), 0),
                               others.repeat(n)[:, None]], 1)
     return sequences, torch.cat(logprobs)
+
+
+def _check_enumerate(step, bos, eos, vocab_size, max_len) -> int:
+    """The checks of ``enumerate_sequences``; returns V. Refuses more than MAX_ENUMERATED outputs."""
+    fn = "enumerate_sequences"
+    _check_common(step, bos, eos, max_len, fn)
+    v = check_int("vocab_size", vocab_size, fn=fn, minimum=2)
+    if not eos < v:
+        raise ValueError(f"{fn}: `eos` must be < vocab_size = {v}, got {eos}")
+    count, term = 0, 1
+    for _ in range(max_len):  # sum_{T < max_len} (V - 1)^T, stopping as soon as it is too many
+        count, term = count + term, term * (v - 1)
+        if count > MAX_ENUMERATED:
+            raise ValueError(f"{fn}: more than {MAX_ENUMERATED:,d} outputs for vocab_size={v}, "
+                             f"max_len={max_len}; enumeration is for tiny models")
+    return v
 
 
 def exact_map(step: Step, *, bos: int, eos: int, vocab_size: int, max_len: int,
@@ -288,8 +318,7 @@ def exact_map(step: Step, *, bos: int, eos: int, vocab_size: int, max_len: int,
     alpha = check_float("alpha", alpha, fn="exact_map", minimum=0.0)
     sequences, logprobs = enumerate_sequences(step, bos=bos, eos=eos, vocab_size=vocab_size,
                                               max_len=max_len)
-    lengths = torch.tensor([len(s) for s in sequences], dtype=torch.float64)
-    scores = logprobs / ((5 + lengths) / 6) ** alpha
+    scores = logprobs / torch.tensor([length_penalty(len(s), alpha) for s in sequences], dtype=torch.float64)
     best = int(scores.argmax())
     return Hypothesis(sequences[best], logprobs[best].item(), scores[best].item())
 
@@ -308,20 +337,13 @@ def random_tree_lm(vocab_size: int, *, eos: int, seed: int, temperature: float =
     unlike an RNN). With ``max_len``, the model itself puts probability 1 on EOS once a
     prefix holds max_len - 1 generated tokens, so every output ends by length max_len.
     """
-    fn = "random_tree_lm"
-    v = check_int("vocab_size", vocab_size, fn=fn, minimum=2)
-    check_int("eos", eos, fn=fn, minimum=0)
-    if not eos < v:
-        raise ValueError(f"{fn}: `eos` must be < vocab_size = {v}, got {eos}")
-    check_int("seed", seed, fn=fn, minimum=0)
-    temperature = check_float("temperature", temperature, fn=fn, minimum=0.0, inclusive=False)
-    if max_len is not None:
-        check_int("max_len", max_len, fn=fn, minimum=1)
+    v, temperature = _check_random_tree_lm(vocab_size, eos, seed, temperature, max_len)
     ended = torch.full((v,), -math.inf, dtype=torch.float64)
     ended[eos] = 0.0
     cache: dict[tuple[int, ...], torch.Tensor] = {}
 
     def step(prefixes: torch.Tensor) -> torch.Tensor:
+        _check_prefixes(prefixes, "random_tree_lm step")
         rows = []
         for p in prefixes.tolist():
             key = tuple(p)
@@ -336,3 +358,23 @@ def random_tree_lm(vocab_size: int, *, eos: int, seed: int, temperature: float =
         return torch.stack(rows)                                          # (N, V)
 
     return step
+
+
+def _check_random_tree_lm(vocab_size, eos, seed, temperature, max_len) -> tuple[int, float]:
+    fn = "random_tree_lm"
+    v = check_int("vocab_size", vocab_size, fn=fn, minimum=2)
+    check_int("eos", eos, fn=fn, minimum=0)
+    if not eos < v:
+        raise ValueError(f"{fn}: `eos` must be < vocab_size = {v}, got {eos}")
+    check_int("seed", seed, fn=fn, minimum=0)
+    if max_len is not None:
+        check_int("max_len", max_len, fn=fn, minimum=1)
+    return v, check_float("temperature", temperature, fn=fn, minimum=0.0, inclusive=False)
+
+
+def _check_prefixes(prefixes, fn: str) -> None:
+    """What every ``step`` receives: a 2-D integer tensor ``(N, t)``, t >= 1 (BOS first)."""
+    check_tensor("prefixes", prefixes, fn=fn, min_ndim=2, floating=False)
+    if prefixes.ndim != 2 or prefixes.dtype.is_floating_point or prefixes.dtype.is_complex \
+            or prefixes.dtype == torch.bool or prefixes.shape[1] == 0:
+        raise ValueError(f"{fn}: `prefixes` must be an integer (N, t) tensor with t >= 1, got {describe(prefixes)}")

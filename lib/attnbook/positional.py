@@ -13,9 +13,10 @@ gives it a sense of order:
   :func:`attnbook.attention`.
 
 The sinusoidal table, its rotations and RoPE share the frequency ladder
-``omega_i = base ** (-2 i / d)``, ``i = 0 .. d/2 - 1`` (``frequencies``); ALiBi has no ladder: its
-per-head slopes are the geometric sequence ``2 ** (-8 h' / H)`` (``alibi_slopes``), and it biases
-scores by distance instead of rotating or adding vectors. Angles ``p * omega_i`` are computed in float64 and only the final sin / cos are cast to the
+``omega_i = base ** (-2 i / d)``, ``i = 0 .. d/2 - 1`` (``frequencies``). ALiBi has no ladder: its
+per-head slopes are, for H heads with H a power of two, the geometric sequence ``2 ** (-8 h / H)``,
+h = 1 .. H (``alibi_slopes``), and it biases scores by distance instead of rotating or adding
+vectors. Angles ``p * omega_i`` are computed in float64 and only the final sin / cos are cast to the
 requested dtype: in float32 the product ``p * omega_i`` itself is rounded by up to ``p * 2**-24``
 (about 1e-4 rad at p = 2048), which is the error a float32 implementation sees otherwise.
 """

@@ -27,7 +27,7 @@ padding is set to ``-inf``; PAD positions get weight exactly 0 and never influen
 
 Decoding: ``model.step_fn(src)`` returns a function ``step(prefixes (N, t)) -> (N, V)``
 log-probabilities of the next token (``prefixes[:, 0]`` is BOS), the protocol of
-``greedy_decode``, ``beam_search`` and ``exact_map`` (module ``decoding``, re-exported here);
+``greedy_decode``, ``beam_search`` and ``exact_map`` (import them from ``attnbook.decoding``);
 ``model.batch_step_fn(src, src_mask)`` serves ``greedy_decode_batch`` (row n = source n).
 """
 from __future__ import annotations
@@ -41,10 +41,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from . import additive_scores, dot_scores, general_scores, masked_softmax, scaled_dot_scores
-from ._checks import check_bool, check_choice, check_float, check_int, check_tensor
-
-from .decoding import beam_search, exact_map, greedy_decode, greedy_decode_batch
+from ._checks import check_bool, check_choice, check_float, check_int, check_tensor, check_tokens, describe
+from .reference import additive_scores, dot_scores, general_scores, masked_softmax, scaled_dot_scores
 
 __all__ = [
     "FLOWS",
@@ -55,10 +53,6 @@ __all__ = [
     "GRUEncoder",
     "Seq2Seq",
     "Seq2SeqOutput",
-    "beam_search",
-    "exact_map",
-    "greedy_decode",
-    "greedy_decode_batch",
 ]
 
 SCORES = ("dot", "scaled_dot", "general", "additive")
@@ -87,18 +81,6 @@ class Seq2SeqOutput(NamedTuple):
 # Validation
 # ---------------------------------------------------------------------------------------------
 
-def _check_tokens(name: str, t, vocab_size: int, *, fn: str) -> None:
-    check_tensor(name, t, fn=fn, min_ndim=2, floating=False)
-    if t.ndim != 2 or t.dtype != torch.long:
-        raise TypeError(f"{fn}: `{name}` must be a 2-D torch.long tensor (B, T) of token ids, "
-                        f"got dtype {t.dtype}, shape {tuple(t.shape)}")
-    if t.shape[0] == 0 or t.shape[1] == 0:
-        raise ValueError(f"{fn}: `{name}` must be non-empty, got shape {tuple(t.shape)}")
-    if (t < 0).any() or (t >= vocab_size).any():
-        raise ValueError(f"{fn}: `{name}` must hold ids in [0, {vocab_size}), "
-                         f"got min {int(t.min())}, max {int(t.max())}")
-
-
 def _check_sizes(fn: str, *, src_vocab, tgt_vocab, d_emb, d_hidden, pad_id) -> None:
     for name, value in (("src_vocab", src_vocab), ("tgt_vocab", tgt_vocab), ("d_emb", d_emb),
                         ("d_hidden", d_hidden)):
@@ -107,6 +89,13 @@ def _check_sizes(fn: str, *, src_vocab, tgt_vocab, d_emb, d_hidden, pad_id) -> N
     if pad_id >= min(src_vocab, tgt_vocab):
         raise ValueError(f"{fn}: `pad_id` must be a token id of both vocabularies (< "
                          f"{min(src_vocab, tgt_vocab)}), got {pad_id}")
+
+
+def _check_pad_id(fn: str, pad_id, vocab_size: int) -> int:
+    pad_id = check_int("pad_id", pad_id, fn=fn, minimum=0)
+    if pad_id >= vocab_size:
+        raise ValueError(f"{fn}: `pad_id` must be a token id of the vocabulary (< {vocab_size}), got {pad_id}")
+    return pad_id
 
 
 def _check_src_mask(src: torch.Tensor, src_mask, *, fn: str) -> None:
@@ -130,7 +119,8 @@ def _check_src_mask(src: torch.Tensor, src_mask, *, fn: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 class AttentionScore(nn.Module):
-    """Step 1 of the three steps: a score for every query s_t and key h_j (chapter 03, eqs. 1-4).
+    """Step 1 of the three steps: a score for every query s_t and key h_j (chapter 03, eq-ch03-dot,
+    eq-ch03-scaled, eq-ch03-general, eq-ch03-additive).
 
     ``kind`` picks one of the library's score functions (no second implementation here):
     ``"dot"``: ``s . h`` (needs ``d_query == d_key``, no parameters); ``"scaled_dot"``:
@@ -144,24 +134,13 @@ class AttentionScore(nn.Module):
 
     def __init__(self, kind: str, d_query: int, d_key: int, *, d_attn: int | None = None):
         super().__init__()
-        fn = "AttentionScore"
-        self.kind = check_choice("kind", kind, SCORES, fn=fn)
-        self.d_query = check_int("d_query", d_query, fn=fn)
-        self.d_key = check_int("d_key", d_key, fn=fn)
-        if kind in ("dot", "scaled_dot") and d_query != d_key:
-            raise ValueError(f"{fn}: {kind!r} scores need d_query == d_key (s . h is only defined "
-                             f"for equal sizes), got d_query={d_query}, d_key={d_key}; "
-                             f"use 'general' or 'additive', or match the sizes")
-        self.d_attn = None
+        self.kind, self.d_query, self.d_key, self.d_attn = _check_attention_score(kind, d_query, d_key, d_attn)
         if kind == "general":
-            self.weight = nn.Parameter(torch.randn(d_query, d_key) / math.sqrt(d_key))
+            self.weight = nn.Parameter(torch.randn(d_query, d_key) / math.sqrt(d_key))     # W_a
         elif kind == "additive":
-            self.d_attn = d_query if d_attn is None else check_int("d_attn", d_attn, fn=fn)
             self.w_q = nn.Parameter(torch.randn(d_query, self.d_attn) / math.sqrt(d_query))
             self.w_k = nn.Parameter(torch.randn(d_key, self.d_attn) / math.sqrt(d_key))
             self.v_a = nn.Parameter(torch.randn(self.d_attn) / math.sqrt(self.d_attn))
-        if d_attn is not None and kind != "additive":
-            raise ValueError(f"{fn}: `d_attn` is only used by 'additive' scores, got kind={kind!r}")
 
     def forward(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         if self.kind == "dot":
@@ -175,6 +154,22 @@ class AttentionScore(nn.Module):
     def extra_repr(self) -> str:
         extra = f", d_attn={self.d_attn}" if self.d_attn else ""
         return f"kind={self.kind!r}, d_query={self.d_query}, d_key={self.d_key}{extra}"
+
+
+def _check_attention_score(kind, d_query, d_key, d_attn) -> tuple[str, int, int, int | None]:
+    """``AttentionScore``'s arguments; returns (kind, d_query, d_key, d_attn or None)."""
+    fn = "AttentionScore"
+    kind = check_choice("kind", kind, SCORES, fn=fn)
+    d_query, d_key = check_int("d_query", d_query, fn=fn), check_int("d_key", d_key, fn=fn)
+    if kind in ("dot", "scaled_dot") and d_query != d_key:
+        raise ValueError(f"{fn}: {kind!r} scores need d_query == d_key (s . h is only defined "
+                         f"for equal sizes), got d_query={d_query}, d_key={d_key}; "
+                         f"use 'general' or 'additive', or match the sizes")
+    if d_attn is not None and kind != "additive":
+        raise ValueError(f"{fn}: `d_attn` is only used by 'additive' scores, got kind={kind!r}")
+    if kind != "additive":
+        return kind, d_query, d_key, None
+    return kind, d_query, d_key, (d_query if d_attn is None else check_int("d_attn", d_attn, fn=fn))
 
 
 class GRUEncoder(nn.Module):
@@ -194,14 +189,14 @@ class GRUEncoder(nn.Module):
         check_int("d_emb", d_emb, fn=fn)
         self.d_hidden = check_int("d_hidden", d_hidden, fn=fn)
         self.bidirectional = check_bool("bidirectional", bidirectional, fn=fn)
-        self.pad_id = check_int("pad_id", pad_id, fn=fn, minimum=0)
+        self.pad_id = _check_pad_id(fn, pad_id, self.vocab_size)
         self.d_out = d_hidden * (2 if bidirectional else 1)
         self.embed = nn.Embedding(vocab_size, d_emb, padding_idx=pad_id)
         self.rnn = nn.GRU(d_emb, d_hidden, batch_first=True, bidirectional=bidirectional)
 
     def forward(self, src: torch.Tensor, src_mask: torch.Tensor) -> EncoderOutput:
         """src ``(B, S)`` long, src_mask ``(B, S)`` bool (right-padded) -> ``EncoderOutput``."""
-        _check_tokens("src", src, self.vocab_size, fn="GRUEncoder")
+        check_tokens("src", src, self.vocab_size, fn="GRUEncoder")
         _check_src_mask(src, src_mask, fn="GRUEncoder")
         lengths = src_mask.sum(1).cpu()
         packed = pack_padded_sequence(self.embed(src), lengths, batch_first=True,
@@ -215,6 +210,29 @@ class GRUEncoder(nn.Module):
 # ---------------------------------------------------------------------------------------------
 # Shared behaviour of both model families
 # ---------------------------------------------------------------------------------------------
+
+def _check_encoder_output(fn: str, enc, encoder: GRUEncoder, weight: torch.Tensor) -> None:
+    """``enc`` is what ``model.encode`` returns for this model: an ``EncoderOutput`` of
+    memory (B, S, D_k), mask (B, S) bool and summary (B, d_enc), in the model's dtype and device."""
+    if not isinstance(enc, EncoderOutput):
+        raise TypeError(f"{fn}: `enc` must be an EncoderOutput (from model.encode(src, src_mask)), "
+                        f"got {type(enc).__name__}")
+    memory, mask, summary = enc
+    for name, t in (("enc.memory", memory), ("enc.summary", summary)):
+        check_tensor(name, t, fn=fn, min_ndim=2)
+        if t.dtype != weight.dtype or t.device != weight.device:
+            raise TypeError(f"{fn}: `{name}` must have the model's dtype {weight.dtype} and device "
+                            f"{weight.device}, got {describe(t)}")
+    check_tensor("enc.mask", mask, fn=fn, min_ndim=2, floating=False)
+    b = memory.shape[0]
+    if (memory.ndim != 3 or memory.shape[-1] != encoder.d_out or mask.dtype != torch.bool
+            or mask.shape != memory.shape[:2] or summary.shape != (b, encoder.d_hidden)):
+        raise ValueError(f"{fn}: `enc` must hold memory (B, S, {encoder.d_out}), a bool mask (B, S) and "
+                         f"summary (B, {encoder.d_hidden}), got memory {describe(memory)}, mask "
+                         f"{describe(mask)}, summary {describe(summary)}")
+    if b and not bool(mask[:, 0].all()):
+        raise ValueError(f"{fn}: every source needs at least one real token (`enc.mask[:, 0]` must be True)")
+
 
 class _Seq2SeqBase(nn.Module):
     encoder: GRUEncoder
@@ -231,7 +249,8 @@ class _Seq2SeqBase(nn.Module):
         Returns ``Seq2SeqOutput``; ``logits[:, t]`` scores ``y_{t+1}`` given ``tgt_in[:, :t+1]``.
         """
         fn = type(self).__name__
-        _check_tokens("tgt_in", tgt_in, self.tgt_vocab, fn=fn)
+        check_tokens("src", src, self.encoder.vocab_size, fn=fn)
+        check_tokens("tgt_in", tgt_in, self.tgt_vocab, fn=fn)
         if tgt_in.shape[0] != src.shape[0]:
             raise ValueError(f"{fn}: src and tgt_in need the same batch size, got "
                              f"{src.shape[0]} and {tgt_in.shape[0]}")
@@ -241,7 +260,7 @@ class _Seq2SeqBase(nn.Module):
         name = f"{type(self).__name__} step"
 
         def step(prefixes: torch.Tensor) -> torch.Tensor:
-            _check_tokens("prefixes", prefixes, self.tgt_vocab, fn=name)
+            check_tokens("prefixes", prefixes, self.tgt_vocab, fn=name)
             n, b = prefixes.shape[0], enc.memory.shape[0]
             if broadcast:
                 rows = EncoderOutput(*(x.expand(n, *x.shape[1:]) for x in enc))
@@ -259,6 +278,24 @@ class _Seq2SeqBase(nn.Module):
             return F.log_softmax(logits, dim=-1)  # (N, V)
 
         return step
+
+    def _check_decode(self, tgt_in, enc, *, s0=None, temperature=1.0) -> float:
+        """Every check of ``decode``'s arguments (and of ``attend``'s ``enc``); returns the temperature."""
+        fn = f"{type(self).__name__}.decode"
+        check_tokens("tgt_in", tgt_in, self.tgt_vocab, fn=fn)
+        _check_encoder_output(fn, enc, self.encoder, self.init.weight)
+        if enc.memory.shape[0] != tgt_in.shape[0]:
+            raise ValueError(f"{fn}: `enc` holds {enc.memory.shape[0]} sources but `tgt_in` has "
+                             f"{tgt_in.shape[0]} rows")
+        if s0 is not None:
+            check_tensor("s0", s0, fn=fn, min_ndim=2)
+            if s0.shape != (tgt_in.shape[0], self.d_hidden):
+                raise ValueError(f"{fn}: `s0` must have shape (B, d_hidden) = {(tgt_in.shape[0], self.d_hidden)}, "
+                                 f"got {tuple(s0.shape)}")
+            if s0.dtype != self.init.weight.dtype or s0.device != self.init.weight.device:
+                raise TypeError(f"{fn}: `s0` must have the model's dtype {self.init.weight.dtype} and device "
+                                f"{self.init.weight.device}, got {describe(s0)}")
+        return check_float("temperature", temperature, fn=fn, minimum=0.0, inclusive=False)
 
     def step_fn(self, src: torch.Tensor, **kwargs) -> Callable[[torch.Tensor], torch.Tensor]:
         """The decoding protocol for one source sentence ``src`` (1-D, no padding).
@@ -323,14 +360,9 @@ class Seq2Seq(_Seq2SeqBase):
     def decode(self, tgt_in: torch.Tensor, enc: EncoderOutput, *,
                s0: torch.Tensor | None = None) -> Seq2SeqOutput:
         """Decoder given the encoder's output; ``s0`` overrides ``tanh(W_init c)`` if given."""
+        self._check_decode(tgt_in, enc, s0=s0)
         c = enc.summary                                            # (B, d_hidden)
-        if s0 is None:
-            s0 = torch.tanh(self.init(c))                          # s_0
-        else:
-            check_tensor("s0", s0, fn="Seq2Seq.decode", min_ndim=2)
-            if s0.shape != c.shape:
-                raise ValueError(f"Seq2Seq.decode: `s0` must have shape (B, d_hidden) = "
-                                 f"{tuple(c.shape)}, got {tuple(s0.shape)}")
+        s0 = torch.tanh(self.init(c)) if s0 is None else s0       # s_0 = tanh(W_init c)
         e = self.embed(tgt_in)                                     # (B, T, d_emb)
         c_all = c[:, None].expand(-1, tgt_in.shape[1], -1)         # (B, T, d_hidden)
         if self.context == "every_step":
@@ -348,7 +380,8 @@ class Seq2Seq(_Seq2SeqBase):
 # ---------------------------------------------------------------------------------------------
 
 class AttentionSeq2Seq(_Seq2SeqBase):
-    """GRU encoder-decoder with attention, Bahdanau or Luong data flow (chapter 03, eqs. 11-12).
+    """GRU encoder-decoder with attention, Bahdanau or Luong data flow (chapter 03, eq-ch03-bahdanau,
+    eq-ch03-luong).
 
     Args:
         src_vocab, tgt_vocab: vocabulary sizes.
@@ -364,7 +397,9 @@ class AttentionSeq2Seq(_Seq2SeqBase):
         pad_id: PAD token id of both vocabularies.
 
     ``forward(src, src_mask, tgt_in, *, temperature=1.0)``: the softmax uses ``e / temperature``
-    (1 = the model as trained). Returns ``Seq2SeqOutput`` with weights ``(B, T, S)``.
+    (1 = the model as trained; any finite T > 0; as T -> 0 the weights become hard attention, uniform
+    over the keys that tie for the highest score, and a T so small that ``e / T`` overflows gives
+    exactly that limit, never NaN). Returns ``Seq2SeqOutput`` with weights ``(B, T, S)``.
     """
 
     def __init__(self, src_vocab: int, tgt_vocab: int, *, d_emb: int = 32, d_hidden: int = 64,
@@ -411,23 +446,39 @@ class AttentionSeq2Seq(_Seq2SeqBase):
 
     def attend(self, query: torch.Tensor, enc: EncoderOutput, *,
                temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-        """The three steps (chapter 03, eqs. 1-6) for queries ``(B, Tq, d_hidden)``.
+        """The three steps (chapter 03, eq-ch03-softmax, eq-ch03-context) for queries ``(B, Tq, d_hidden)``.
 
-        1. ``e = score(query, memory) / temperature``; PAD keys -> ``-inf``;
-        2. ``alpha = masked_softmax(e)`` (exactly 0 on PAD, > 0 elsewhere);
+        1. ``e = score(query, memory)``; PAD keys -> ``-inf``;
+        2. ``alpha = masked_softmax(e / temperature)`` (exactly 0 on PAD, > 0 elsewhere), computed
+           as ``softmax((e - max e) / T)``, the same by shift invariance: the best key's logit is then
+           exactly 0 for every T, so T -> 0 gives hard attention (uniform over tied best keys) and not
+           inf - inf = NaN;
         3. ``c = alpha H`` (weighted sum of the encoder states).
         Returns ``(contexts (B, Tq, D_k), weights (B, Tq, S))``.
         """
-        scores = self.score(query, enc.memory) / temperature             # (B, Tq, S)
+        temperature = self._check_attend(query, enc, temperature)
+        scores = self.score(query, enc.memory)                            # (B, Tq, S)
         scores = scores.masked_fill(~enc.mask[:, None, :], float("-inf"))
-        weights = masked_softmax(scores)                                  # (B, Tq, S)
+        shifted = scores - scores.amax(-1, keepdim=True)                  # e - max e <= 0, max 0
+        weights = masked_softmax(torch.where(shifted == 0, 0.0, shifted / temperature))  # 0 / T = 0
         return weights @ enc.memory, weights                              # (B, Tq, D_k)
+
+    def _check_attend(self, query, enc, temperature) -> float:
+        fn = "AttentionSeq2Seq.attend"
+        _check_encoder_output(fn, enc, self.encoder, self.init.weight)
+        check_tensor("query", query, fn=fn, min_ndim=3)
+        if query.ndim != 3 or query.shape[0] != enc.memory.shape[0] or query.shape[-1] != self.d_hidden:
+            raise ValueError(f"{fn}: `query` must be (B={enc.memory.shape[0]}, Tq, d_hidden={self.d_hidden}), "
+                             f"got {describe(query)}")
+        if query.dtype != self.init.weight.dtype or query.device != self.init.weight.device:
+            raise TypeError(f"{fn}: `query` must have the model's dtype {self.init.weight.dtype} and device "
+                            f"{self.init.weight.device}, got {describe(query)}")
+        return check_float("temperature", temperature, fn=fn, minimum=0.0, inclusive=False)
 
     def decode(self, tgt_in: torch.Tensor, enc: EncoderOutput, *,
                temperature: float = 1.0) -> Seq2SeqOutput:
         """Decoder given the encoder's output (teacher forcing over ``tgt_in``)."""
-        temperature = check_float("temperature", temperature, fn="AttentionSeq2Seq",
-                                  minimum=0.0, inclusive=False)
+        temperature = self._check_decode(tgt_in, enc, temperature=temperature)
         e = self.embed(tgt_in)                                     # (B, T, d_emb)
         s = torch.tanh(self.init(enc.summary))                     # s_0: (B, d_hidden)
         if self.flow == "bahdanau":
