@@ -13,7 +13,9 @@ Date convention (quoted by the book): in a numeric format where day and month ar
 the **day comes first** (``03/04/21`` is 3 April 2021, dd/mm/yy as in British usage), except in
 year-first formats, which follow ISO 8601 order (``2021/4/3`` is also 3 April 2021). A two-digit
 year ``yy`` means ``19yy`` for ``yy >= 50`` and ``20yy`` otherwise, so dates must lie in
-1950-2049 when a two-digit format is used. See ``NUMERIC_DATE_ORDER`` and ``TWO_DIGIT_YEAR_PIVOT``.
+1950-2049 when a two-digit format is used (``format_date`` refuses others). Four-digit years are
+zero-padded (``0999/1/3``), so every date of years 1-9999 reads back. See ``NUMERIC_DATE_ORDER``
+and ``TWO_DIGIT_YEAR_PIVOT``.
 
 Held-out splits never overlap: every example has a key (the source string; for dates the ISO
 target, so a held-out *date* is never seen in training in any format), and ``split_of(key)``
@@ -31,9 +33,10 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
-from ._checks import check_choice, check_int
+from ._checks import check_choice, check_int, describe
 
 __all__ = [
     "BOS", "BOS_ID", "DATE_FORMATS", "DIGITS", "DIGIT_WORDS", "EOS", "EOS_ID", "NUMERIC_DATE_ORDER",
@@ -69,6 +72,8 @@ class Vocab:
 
     def __init__(self, tokens: Iterable[str], *, level: str = "char"):
         self.level = check_choice("level", level, ("char", "word"), fn="Vocab")
+        if not isinstance(tokens, (str, Iterable)) or isinstance(tokens, (bytes, torch.Tensor)):
+            raise TypeError(f"Vocab: `tokens` must be a str or an iterable of str tokens, got {type(tokens).__name__}")
         if isinstance(tokens, str):
             tokens = list(tokens) if level == "char" else tokens.split()
         specials = (PAD, BOS, EOS, UNK)
@@ -95,6 +100,8 @@ class Vocab:
 
     def tokenize(self, text: str) -> list[str]:
         """Split a string into tokens (characters, or whitespace-separated words)."""
+        if not isinstance(text, str):
+            raise TypeError(f"Vocab.tokenize: `text` must be a str, got {type(text).__name__}")
         return list(text) if self.level == "char" else text.split()
 
     def encode(self, text: str | Sequence[str]) -> list[int]:
@@ -103,17 +110,16 @@ class Vocab:
             text = self.tokenize(text)
         elif not isinstance(text, Sequence):
             raise TypeError(f"Vocab.encode: `text` must be a str or a list of tokens, got {type(text).__name__}")
+        for tok in text:
+            if not isinstance(tok, str):
+                raise TypeError(f"Vocab.encode: `text` must hold str tokens, got {tok!r} ({type(tok).__name__})")
         return [self.stoi.get(t, UNK_ID) for t in text]
 
     def decode(self, ids) -> str:
         """String of a list of ids (or a 1-D tensor): stops at EOS, skips PAD and BOS."""
-        if isinstance(ids, torch.Tensor):
-            if ids.ndim != 1:
-                raise ValueError(f"Vocab.decode: `ids` must be 1-D, got shape {tuple(ids.shape)}")
-            ids = ids.tolist()
+        ids = _id_list(ids, "Vocab.decode", "ids")
         out = []
         for i in ids:
-            i = check_int("ids[i]", i, fn="Vocab.decode", minimum=0)
             if i >= len(self):
                 raise ValueError(f"Vocab.decode: id {i} is out of range for a vocabulary of size {len(self)}")
             if i == EOS_ID:
@@ -158,6 +164,23 @@ class Batch:
                      self.tgt_out.to(device), self.tgt_len.to(device), self.pairs)
 
 
+def _id_list(ids, fn: str, name: str) -> list[int]:
+    """Token ids given as a list/tuple of ints (numpy ints too) or a 1-D integer tensor/array, as a list."""
+    if isinstance(ids, torch.Tensor) or hasattr(ids, "__array__") and hasattr(ids, "ndim"):
+        if ids.ndim != 1:
+            raise ValueError(f"{fn}: `{name}` must be 1-D, got shape {tuple(ids.shape)}")
+        ids = ids.tolist()
+    if not isinstance(ids, (list, tuple, range)):
+        raise TypeError(f"{fn}: `{name}` must give token ids as a list of ints >= 0 or a 1-D integer tensor, "
+                        f"got {type(ids).__name__} {ids!r:.40}")
+    for i in ids:
+        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+            raise TypeError(f"{fn}: `{name}` must hold token ids (ints >= 0), got {i!r} in {ids!r:.40}")
+        if i < 0:
+            raise ValueError(f"{fn}: `{name}` must hold token ids >= 0, got {i} in {ids!r:.40}")
+    return [int(i) for i in ids]
+
+
 def _pad(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
     out = torch.full((len(rows), max(1, int(lengths.max()))), PAD_ID, dtype=torch.long)
@@ -185,10 +208,7 @@ def make_batch(pairs, src_vocab: Vocab | None = None, tgt_vocab: Vocab | None = 
         if not (isinstance(p, (tuple, list)) and len(p) == 2):
             raise TypeError(f"{fn}: `pairs` must hold (source, target) pairs, got {p!r:.60}")
         for seq, vocab, out in ((p[0], src_vocab, srcs), (p[1], tgt_vocab, tgts)):
-            ids = vocab.encode(seq) if vocab is not None else list(seq)
-            if vocab is None and any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
-                raise TypeError(f"{fn}: without a vocabulary, `pairs` must hold lists of ids >= 0, got {seq!r:.60}")
-            out.append(ids)
+            out.append(vocab.encode(seq) if vocab is not None else _id_list(seq, fn, "pairs"))
     src, src_len = _pad(srcs)
     tgt_in, tgt_len = _pad([[BOS_ID] + t for t in tgts])
     tgt_out, _ = _pad([t + [EOS_ID] for t in tgts])
@@ -206,6 +226,9 @@ def _generator(seed, fn: str) -> torch.Generator:
 
 def split_of(key: str) -> str:
     """The split of an example key: CRC-32 of its UTF-8 bytes mod 10 -> 0-7 train, 8 valid, 9 test."""
+    if not isinstance(key, str):
+        raise TypeError(f"split_of: `key` must be a str (a source string or an ISO date), got {key!r:.40} "
+                        f"({type(key).__name__})")
     bucket = zlib.crc32(key.encode("utf-8")) % 10
     return "train" if bucket < 8 else ("valid" if bucket == 8 else "test")
 
@@ -332,6 +355,9 @@ def digit_word_task(*, min_len: int = 1, max_len: int = 8) -> Task:
 # Dates
 # ----------------------------------------------------------------------------------------------
 def _yy(year: int) -> int:
+    if not 1900 + TWO_DIGIT_YEAR_PIVOT <= year <= 1999 + TWO_DIGIT_YEAR_PIVOT:
+        raise ValueError(f"format_date: a two-digit year names only {1900 + TWO_DIGIT_YEAR_PIVOT}-"
+                         f"{1999 + TWO_DIGIT_YEAR_PIVOT} (see TWO_DIGIT_YEAR_PIVOT), got the year {year}")
     return year % 100
 
 
@@ -343,19 +369,19 @@ _MON = "|".join(m[:3] for m in _MONTHS)
 _MONTH = "|".join(_MONTHS)
 # name -> (formatter, regex whose groups are named d, m (number), mon (name), y (4-digit), yy)
 _FORMATS: dict[str, tuple[Callable[[_dt.date], str], str]] = {
-    "D MMMM YYYY": (lambda d: f"{d.day} {_MONTHS[d.month - 1]} {d.year}",
+    "D MMMM YYYY": (lambda d: f"{d.day} {_MONTHS[d.month - 1]} {d.year:04d}",
                     rf"(?P<d>\d{{1,2}}) (?P<mon>{_MONTH}) (?P<y>\d{{4}})"),
     "DD/MM/YY": (lambda d: f"{d.day:02d}/{d.month:02d}/{_yy(d.year):02d}",
                  r"(?P<d>\d{2})/(?P<m>\d{2})/(?P<yy>\d{2})"),
-    "MMMM D, YYYY": (lambda d: f"{_MONTHS[d.month - 1]} {d.day}, {d.year}",
+    "MMMM D, YYYY": (lambda d: f"{_MONTHS[d.month - 1]} {d.day}, {d.year:04d}",
                      rf"(?P<mon>{_MONTH}) (?P<d>\d{{1,2}}), (?P<y>\d{{4}})"),
-    "YYYY/M/D": (lambda d: f"{d.year}/{d.month}/{d.day}",
+    "YYYY/M/D": (lambda d: f"{d.year:04d}/{d.month}/{d.day}",
                  r"(?P<y>\d{4})/(?P<m>\d{1,2})/(?P<d>\d{1,2})"),
-    "MMM D YYYY": (lambda d: f"{_MONTHS[d.month - 1][:3]} {d.day} {d.year}",
+    "MMM D YYYY": (lambda d: f"{_MONTHS[d.month - 1][:3]} {d.day} {d.year:04d}",
                    rf"(?P<mon>{_MON}) (?P<d>\d{{1,2}}) (?P<y>\d{{4}})"),
     "D MMM YY": (lambda d: f"{d.day} {_MONTHS[d.month - 1][:3]} {_yy(d.year):02d}",
                  rf"(?P<d>\d{{1,2}}) (?P<mon>{_MON}) (?P<yy>\d{{2}})"),
-    "DD.MM.YYYY": (lambda d: f"{d.day:02d}.{d.month:02d}.{d.year}",
+    "DD.MM.YYYY": (lambda d: f"{d.day:02d}.{d.month:02d}.{d.year:04d}",
                    r"(?P<d>\d{2})\.(?P<m>\d{2})\.(?P<y>\d{4})"),
 }
 DATE_FORMATS: tuple[str, ...] = tuple(_FORMATS)
@@ -364,7 +390,11 @@ DATE_FORMATS: tuple[str, ...] = tuple(_FORMATS)
 
 
 def format_date(date: _dt.date, fmt: str) -> str:
-    """Write ``date`` in one of ``DATE_FORMATS`` (English month names, locale-independent)."""
+    """Write ``date`` in one of ``DATE_FORMATS`` (English month names, locale-independent).
+
+    Years have four digits (zero-padded: ``0999/1/3``), or two in the ``YY`` formats, which only
+    name 1950-2049 (a ValueError for other years), so ``parse_date`` always reads the text back.
+    """
     if not isinstance(date, _dt.date):
         raise TypeError(f"format_date: `date` must be a datetime.date, got {type(date).__name__}")
     check_choice("fmt", fmt, DATE_FORMATS, fn="format_date")
@@ -384,7 +414,11 @@ def parse_date(text: str, fmt: str | None = None) -> _dt.date:
         g = m.groupdict()
         year = int(g["y"]) if g.get("y") else _year_of_yy(int(g["yy"]))
         month = int(g["m"]) if g.get("m") else 1 + [x[: len(g["mon"])] for x in _MONTHS].index(g["mon"])
-        return _dt.date(year, month, int(g["d"]))
+        try:
+            return _dt.date(year, month, int(g["d"]))
+        except ValueError as err:  # e.g. 31/02/21: the format matches but no such day exists
+            raise ValueError(f"parse_date: {text!r} (format {name!r}) names no calendar day: "
+                             f"year {year}, month {month}, day {int(g['d'])} ({err})") from None
     raise ValueError(f"parse_date: {text!r} matches none of the formats {names}")
 
 
