@@ -1,0 +1,30 @@
+"""Hands-on exercises with automatic feedback in Chinese (CHAPTER.md point 21).
+
+The reader writes a function in a stub cell and calls ``check``::
+
+    from attnbook.exercises import check
+
+    def masked_softmax(scores, mask):
+        ...  # 你的代码
+
+    check("ch04.masked_softmax", masked_softmax)   # 还没有实现 / ✗ ... / ✓ ...
+
+``check(name, fn)`` runs the exercise's hidden, randomized (seeded, so repeatable) cases
+against the library's reference, in float64 where the maths is exact and by the library's
+tolerance rule (``attnbook.testing``) for float32/float16 results. It returns True after a
+one-line ✓, or False after explaining the first failing case in plain Chinese: the inputs,
+the position, expected vs got, and a hint that names the mistake's symptom. It never raises
+on a wrong answer; an exception inside ``fn`` is reported. ``get(name)`` gives the
+:class:`Exercise` with ``.solution`` (the reference, with the reader's signature) and ``.bugs``
+(name -> function: the gallery of classic bugs, each of which ``check`` must reject);
+``list()`` names every exercise. No extra install: only torch and the library.
+"""
+from ._core import Case, Exercise, check, get
+from ._core import names as list  # noqa: A001  (``exercises.list()`` is the public name)
+from . import attention  # noqa: F401  (each topic module registers its exercises)
+from . import clipping  # noqa: F401
+from . import heads  # noqa: F401
+from . import layernorm  # noqa: F401
+from . import positional  # noqa: F401
+
+__all__ = ["Case", "Exercise", "check", "get", "list"]

@@ -1,0 +1,237 @@
+"""The machinery behind ``attnbook.exercises``: the registry, the hidden cases, the comparison.
+
+An :class:`Exercise` holds a reference solution (the reader's signature), a gallery of classic
+bugs, a function that builds the hidden cases from a seeded generator, and hint functions that
+name a mistake's symptom. :func:`check` runs the reader's function on every case (smallest
+first), compares with the solution and prints, in Chinese, the first failure made concrete.
+The wording lives in ``_report``; the topics register their exercises in their own modules.
+"""
+from __future__ import annotations
+
+import inspect
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import torch
+
+from ..testing import F64_TOL, max_abs_error, rounding_step
+from . import _report
+
+_REGISTRY: dict[str, "Exercise"] = {}
+OUT = "返回值"  # the label of a function's single output
+
+
+@dataclass(frozen=True)
+class Case:
+    """One hidden case: the arguments, what it tests (``title``) and a concrete ``note``."""
+
+    title: str
+    args: tuple
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    note: str = ""
+    tags: frozenset = frozenset()
+
+
+@dataclass
+class Failure:
+    """What went wrong in one case, handed to the hint functions."""
+
+    kind: str          # "exception", "type", "dtype", "shape", "nan", "inf", "value"
+    case: Case
+    inputs: dict       # argument name -> value, floating tensors in float64
+    label: str = OUT   # which output (a function may have several, e.g. gradients)
+    got: Any = None
+    expected: Any = None
+    index: tuple | None = None
+    exc: BaseException | None = None
+
+
+def _call_plain(fn, args, kwargs):
+    """Default runner: the reader's return value is the single output."""
+    ret = fn(*args, **kwargs)
+    return ret, {OUT: ret}
+
+
+def _stub_plain(ret, outputs, case) -> bool:
+    return ret is None or ret is NotImplemented
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """A registered exercise; ``solution`` and every function in ``bugs`` take the reader's arguments."""
+
+    name: str
+    title: str
+    solution: Callable
+    bugs: Mapping[str, Callable]
+    make_cases: Callable[[torch.Generator], list]
+    hints: tuple = ()
+    run: Callable = _call_plain     # (fn, args, kwargs) -> (return value, {label: output})
+    is_stub: Callable = _stub_plain  # (return value, outputs, case) -> bool
+    f64_tol: Mapping[str, float] = field(default_factory=lambda: dict(F64_TOL))
+    low_atol: Callable | None = None  # (case, dtype) -> atol, instead of the FlashAttention rule
+
+    @property
+    def params(self) -> list:
+        return list(inspect.signature(self.solution).parameters)
+
+    def cases(self, seed: int = 0) -> list:
+        g = torch.Generator().manual_seed(zlib.crc32(self.name.encode()) + 1000003 * seed)
+        return self.make_cases(g)
+
+
+def register(ex: Exercise) -> Exercise:
+    if ex.name in _REGISTRY:
+        raise ValueError(f"register: exercise {ex.name!r} is already registered")
+    _REGISTRY[ex.name] = ex
+    return ex
+
+
+def names() -> list:
+    """The names of every registered exercise, sorted (``"ch04.masked_softmax"``, ...)."""
+    return sorted(_REGISTRY)
+
+
+def get(name: str) -> Exercise:
+    """The registered :class:`Exercise` called ``name`` (``.solution``, ``.bugs``, ``.cases()``)."""
+    if not isinstance(name, str) or name not in _REGISTRY:
+        raise ValueError(f"exercises: unknown exercise {name!r}; known: {', '.join(names())}")
+    return _REGISTRY[name]
+
+
+# --------------------------------------------------------------------------- inputs and outputs
+def _map(obj, fn):
+    """Apply ``fn`` to every tensor in a (nested) tuple/list/dict argument structure."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map(o, fn) for o in obj)
+    if isinstance(obj, dict):
+        return {key: _map(o, fn) for key, o in obj.items()}
+    return obj
+
+
+def _fresh(obj, dtype=None):
+    """A copy the reader may modify in place; floating tensors cast to ``dtype`` if given."""
+    def one(t):
+        t = t.detach().clone()
+        return t.to(dtype) if dtype is not None and t.is_floating_point() else t
+    return _map(obj, one)
+
+
+def named_inputs(ex: Exercise, case: Case, dtype=torch.float64) -> dict:
+    """Argument name -> value for ``case`` (floating tensors in ``dtype``)."""
+    names_ = ex.params
+    out = dict(zip(names_, _fresh(case.args, dtype)))
+    out.update(_fresh(dict(case.kwargs), dtype))
+    return out
+
+
+def _run(ex: Exercise, fn, case: Case, dtype=None):
+    return ex.run(fn, _fresh(case.args, dtype), _fresh(dict(case.kwargs), dtype))
+
+
+# --------------------------------------------------------------------------- comparison
+def _first(mask: torch.Tensor) -> tuple:
+    idx = mask.nonzero()[0]
+    return tuple(int(i) for i in idx)
+
+
+def _compare(ex: Exercise, case: Case, label: str, got, expected, inputs) -> Failure | None:
+    """Check one output: type, dtype, shape, NaN/inf, then values (F64_TOL or the library rule)."""
+    fail = dict(case=case, inputs=inputs, label=label, got=got, expected=expected)
+    if not isinstance(got, torch.Tensor):
+        return Failure("type", **fail)
+    if not (got.is_floating_point() and got.dtype in (torch.float16, torch.bfloat16,
+                                                      torch.float32, torch.float64)):
+        return Failure("dtype", **fail)
+    got = got.detach().cpu()
+    fail["got"] = got
+    if tuple(got.shape) != tuple(expected.shape):
+        return Failure("shape", **fail)
+    if got.numel() == 0:
+        return None
+    g64 = got.double()
+    for kind, bad in (("nan", torch.isnan(g64) & ~torch.isnan(expected)),
+                      ("inf", torch.isinf(g64) & ~torch.isinf(expected))):
+        if bad.any():
+            return Failure(kind, index=_first(bad), **fail)
+    if got.dtype == torch.float64:
+        tol = ex.f64_tol
+        bad = (g64 - expected).abs() > tol["atol"] + tol["rtol"] * expected.abs()
+        bad &= ~(torch.isinf(expected) & (g64 == expected))
+        return Failure("value", index=_first(bad), **fail) if bad.any() else None
+    if ex.low_atol is not None:
+        bound = ex.low_atol(case, got.dtype)
+    else:  # FlashAttention's rule: at most 2x the error of the solution run in got's dtype
+        naive = _run(ex, ex.solution, case, got.dtype)[1][label]
+        bound = 2 * max_abs_error(naive, expected) + rounding_step(expected, got.dtype)
+    err = (g64 - expected).abs()
+    if max_abs_error(got, expected) <= bound:
+        return None
+    return Failure("value", index=_first(err == err.max()), **fail)
+
+
+def _hint(ex: Exercise, failure: Failure) -> str:
+    for hint in ex.hints:
+        try:
+            text = hint(failure)
+        except Exception:  # a hint must never hide the report itself
+            text = None
+        if text:
+            return text
+    return _report.generic_hint(failure)
+
+
+# --------------------------------------------------------------------------- check
+def check(name: str, fn: Callable, *, seed: int = 0) -> bool:
+    """Run exercise ``name``'s hidden cases on the reader's ``fn``; print the verdict in Chinese.
+
+    Returns True when every case passes (after a one-line ✓), else False after explaining the
+    first failing case: its inputs, the position, expected vs got, and a hint naming the
+    mistake's symptom. A wrong answer, a wrong shape/dtype, NaN/inf and an exception raised
+    inside ``fn`` are all reported, never raised. A stub counts as "还没有实现": on the first
+    case ``fn`` returns None or ``NotImplemented`` (a body of ``...`` or ``pass``) or raises
+    NotImplementedError (exercises that change their arguments in place refine this: see
+    their ``is_stub``).
+
+    Args:
+        name: an exercise from :func:`names`, e.g. ``"ch04.masked_softmax"``.
+        fn: the reader's function, with the signature of ``get(name).solution``.
+        seed: which draw of the randomized cases (the same seed gives the same cases).
+    Raises:
+        ValueError for an unknown ``name``; TypeError when ``fn`` is not callable.
+    """
+    ex = get(name)
+    if not callable(fn):
+        raise TypeError(f"check: `fn` must be a function (pass the function itself, not its "
+                        f"result), got {type(fn).__name__}")
+    cases = ex.cases(seed)
+    for i, case in enumerate(cases):
+        inputs = named_inputs(ex, case)
+        expected = {key: val.detach().double()
+                    for key, val in _run(ex, ex.solution, case, torch.float64)[1].items()}
+        try:
+            ret, outputs = _run(ex, fn, case)
+        except NotImplementedError as exc:
+            if i == 0:
+                print(_report.stub(ex))
+                return False
+            failure = Failure("exception", case=case, inputs=inputs, exc=exc)
+        except Exception as exc:  # the reader's bug is reported, not propagated
+            failure = Failure("exception", case=case, inputs=inputs, exc=exc)
+        else:
+            if i == 0 and ex.is_stub(ret, outputs, case):
+                print(_report.stub(ex))
+                return False
+            failure = None
+            for label, exp in expected.items():
+                failure = _compare(ex, case, label, outputs.get(label), exp, inputs)
+                if failure is not None:
+                    break
+        if failure is not None:
+            print(_report.explain(ex, failure, i, len(cases), _hint(ex, failure)))
+            return False
+    print(_report.passed(ex, len(cases)))
+    return True

@@ -1,0 +1,165 @@
+"""The Chinese wording of ``check``: the ✓ line, "还没有实现", and the explanation of a failure.
+
+A failure is made small and concrete: the inputs (names, shapes, dtypes), the position of the
+first wrong number, the row it sits in (expected vs got) and a hint. Hints that name a topic's
+classic mistakes live with the topic; the generic ones below are the fallback.
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["close", "describe", "explain", "fmt_row", "generic_hint", "nearest", "passed", "stub"]
+
+
+def close(got, alt, rtol=1e-3, atol=1e-5) -> bool:
+    """Whether ``got`` equals an alternative (wrong) result ``alt``: used to recognise a bug."""
+    if not isinstance(got, torch.Tensor) or alt is None or tuple(got.shape) != tuple(alt.shape):
+        return False
+    return bool(torch.allclose(got.detach().double(), alt.double(), rtol=rtol, atol=atol,
+                               equal_nan=True))
+
+
+def nearest(got, expected, alternatives):
+    """The hint of the alternative (wrong) result nearest to ``got``, if it is far nearer than the
+    right answer (10x): recognises a bug even when it changes the result only slightly.
+
+    ``alternatives``: (hint, tensor) pairs. Returns the hint or None.
+    """
+    if not isinstance(got, torch.Tensor):
+        return None
+    g = got.detach().double()
+    ref = float((g - expected).abs().max())
+    best = None
+    for text, alt in alternatives:
+        if alt is None or tuple(alt.shape) != tuple(g.shape):
+            continue
+        err = float((g - alt.double()).abs().max())
+        if err < 0.1 * ref and (best is None or err < best[0]):
+            best = (err, text)
+    return best[1] if best else None
+
+
+def _shape(t: torch.Tensor) -> str:
+    return "(" + ", ".join(str(s) for s in t.shape) + (",)" if t.ndim == 1 else ")")
+
+
+def describe(value) -> str:
+    """A short description of one argument: shape and dtype for a tensor, the value otherwise."""
+    if isinstance(value, torch.Tensor):
+        return f"形状 {_shape(value)}，{str(value.dtype).replace('torch.', '')}"
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.Tensor) or v is None
+                                                          for v in value):
+        return f"{len(value)} 个张量，形状 " + "、".join("None" if v is None else _shape(v)
+                                                     for v in value)
+    return repr(value)
+
+
+def _num(x: float, digits: int = 4) -> str:
+    if x != x:
+        return "nan"
+    if x in (float("inf"), float("-inf")):
+        return "inf" if x > 0 else "-inf"
+    return f"{x:.{digits}f}"
+
+
+def _digits(a: float, b: float) -> int:
+    """Enough decimals (4 to 12) for ``a`` and ``b`` to print differently."""
+    for d in range(4, 13):
+        if _num(a, d) != _num(b, d):
+            return d
+    return 12
+
+
+def fmt_row(t: torch.Tensor, limit: int = 8, digits: int = 4) -> str:
+    """``[0.1234, nan, …]``: at most ``limit`` numbers of a 1-D tensor, ``digits`` decimals."""
+    vals = [_num(float(x), digits) for x in t.reshape(-1)[:limit]]
+    more = "，…" if t.numel() > limit else ""
+    return "[" + "，".join(vals) + more + "]"
+
+
+def _index(idx: tuple) -> str:
+    return "[" + ", ".join(str(i) for i in idx) + "]"
+
+
+def stub(ex) -> str:
+    return (f"… {ex.name}（{ex.title}）还没有实现：把函数体里的 `...` 换成你的代码，"
+            f"再运行这个单元。")
+
+
+def passed(ex, n: int) -> str:
+    return f"✓ {ex.name}（{ex.title}）：{n} 个隐藏测试全部通过。"
+
+
+def _where(f) -> list:
+    """The position of the first wrong number and, for tensors of rank >= 1, its row."""
+    got, exp, idx = f.got, f.expected, f.index
+    lines = []
+    what = f"`{f.label}` " if f.label != "返回值" else "返回值"
+    if idx is None:
+        return lines
+    e, g = float(exp[idx]), float(got[idx])
+    d = _digits(e, g)
+    if exp.ndim == 0:
+        lines.append(f"{what}：期望 {_num(e, d)}，得到 {_num(g, d)}。")
+        return lines
+    lines.append(f"{what}在位置 {_index(idx)} 不对：期望 {_num(e, d)}，得到 {_num(g, d)}。")
+    row = idx[:-1]
+    name = f"第 {_index(row)} 行" if row else "整个向量"
+    lines.append(f"{name}：")
+    lines.append(f"  期望 {fmt_row(exp[row], digits=d)}")
+    lines.append(f"  得到 {fmt_row(got[row].double(), digits=d)}")
+    return lines
+
+
+def _problem(f) -> list:
+    what = f"`{f.label}` " if f.label != "返回值" else "返回值"
+    if f.kind == "exception":
+        return [f"你的函数抛出了异常 {type(f.exc).__name__}: {f.exc}"]
+    if f.kind == "type":
+        return [f"{what}应是 torch.Tensor，得到的是 {type(f.got).__name__}。"]
+    if f.kind == "dtype":
+        return [f"{what}应是浮点张量（float32 或 float64），得到的 dtype 是 "
+                f"{str(f.got.dtype).replace('torch.', '')}。"]
+    if f.kind == "shape":
+        return [f"{what}的形状应是 {_shape(f.expected)}，得到的是 {_shape(f.got)}。"]
+    if f.kind == "nan":
+        return [f"{what}里出现了 NaN（期望是有限的数）。", *_where(f)[1:]]
+    if f.kind == "inf":
+        return [f"{what}里出现了 inf（期望是有限的数）。", *_where(f)[1:]]
+    return _where(f)
+
+
+def generic_hint(f) -> str:
+    """The fallback hint for each kind of failure."""
+    if f.kind == "exception":
+        return "先用这一例的形状在单元里单独调用你的函数，看看是哪一行出错。"
+    if f.kind == "type":
+        if f.got is None:
+            return "函数没有返回任何东西：是不是忘了 `return`？"
+        return "用 torch 的运算计算并返回一个张量（不要转成 numpy 或 Python 数）。"
+    if f.kind == "dtype":
+        return "整数或布尔张量做不了 softmax 这类运算：检查是不是把掩码当成了结果返回。"
+    if f.kind == "shape":
+        g, e = tuple(f.got.shape), tuple(f.expected.shape)
+        if len(g) == len(e) >= 2 and g[:-2] == e[:-2] and g[-2:] == e[:-3:-1]:
+            return "最后两维正好反了：是不是多了或少了一次转置？"
+        return "逐行打印中间结果的 .shape，找出从哪一步开始和期望的形状不同。"
+    if f.kind == "nan":
+        return "NaN 通常来自 0/0、inf − inf 或 log(0)：检查分母和被减去的最大值。"
+    if f.kind == "inf":
+        return "inf 通常来自 exp 的溢出或除以 0：先减去最大值，分母不能为 0。"
+    return "对照这一行的期望值和你的值，把这个小例子手算一遍。"
+
+
+def explain(ex, f, i: int, n: int, hint: str) -> str:
+    """The full report of the first failing case ``i`` (0-based) of ``n``."""
+    lines = [f"✗ {ex.name}（{ex.title}）：第 {i + 1} 个隐藏测试（共 {n} 个）没有通过——"
+             f"{f.case.title}。"]
+    shown = dict(zip(ex.params, f.case.args), **f.case.kwargs)
+    args = "；".join(f"{key}：{describe(val)}" for key, val in shown.items())
+    lines.append(f"  输入：{args}。")
+    if f.case.note:
+        lines.append(f"  {f.case.note}")
+    lines += ["  " + line for line in _problem(f)]
+    lines.append(f"  提示：{hint}")
+    return "\n".join(lines)

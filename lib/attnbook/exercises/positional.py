@@ -1,0 +1,97 @@
+"""Chapter 06's exercise ``ch06.sinusoidal``: the sinusoidal positional encoding.
+
+``PE[p, 2i] = sin(p * omega_i)``, ``PE[p, 2i + 1] = cos(p * omega_i)``, ``omega_i = 10000 ** (-2i / d)``
+(Vaswani et al. 2017, section 3.5), interleaved as in the paper. The classic bugs swap sin and
+cos, concatenate ``[sin | cos]`` halves, give the two columns of a pair different frequencies,
+or count positions from 1. A float32 answer is judged with an absolute tolerance that grows
+with the largest angle (``p * omega`` itself is rounded by up to ``p * 2**-24``).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..positional import sinusoidal_encoding
+from ._core import Case, Exercise, register
+from ._report import close
+
+
+def sinusoidal(n_positions, d_model):
+    """``(n_positions, d_model)``: row p is PE(p) (chapter 06, eq. 2), in float64."""
+    return sinusoidal_encoding(n_positions, d_model, dtype=torch.float64)
+
+
+def _angles(n, d, exponent, start=0):
+    p = torch.arange(start, start + n, dtype=torch.float64)[:, None]
+    return p * torch.exp(-math.log(10000.0) * exponent / d)
+
+
+def _interleave(even, odd):
+    return torch.stack([even, odd], dim=-1).flatten(-2)
+
+
+def _swapped(n_positions, d_model):
+    a = _angles(n_positions, d_model, torch.arange(0, d_model, 2, dtype=torch.float64))
+    return _interleave(torch.cos(a), torch.sin(a))
+
+
+def _halves(n_positions, d_model):
+    a = _angles(n_positions, d_model, torch.arange(0, d_model, 2, dtype=torch.float64))
+    return torch.cat([torch.sin(a), torch.cos(a)], dim=-1)
+
+
+def _pair_frequencies_differ(n_positions, d_model):
+    a = _angles(n_positions, d_model, torch.arange(d_model, dtype=torch.float64))
+    return _interleave(torch.sin(a[:, 0::2]), torch.cos(a[:, 1::2]))
+
+
+def _from_one(n_positions, d_model):
+    a = _angles(n_positions, d_model, torch.arange(0, d_model, 2, dtype=torch.float64), start=1)
+    return _interleave(torch.sin(a), torch.cos(a))
+
+
+BUGS = {
+    "sin_cos_swapped": _swapped,
+    "halves_concatenated": _halves,
+    "pair_frequencies_differ": _pair_frequencies_differ,
+    "positions_from_one": _from_one,
+}
+
+_HINTS = (
+    (_swapped, "sin 和 cos 的位置反了：偶数列 2i 是 sin(p·ω_i)，奇数列 2i+1 是 cos(p·ω_i)；"
+               "所以 PE(0) 应是 [0, 1, 0, 1, …]。"),
+    (_halves, "本书按论文交错排列：第 2i、2i+1 列是同一个频率的一对 sin、cos，"
+              "不是前一半全是 sin、后一半全是 cos。"),
+    (_pair_frequencies_differ, "同一对（第 2i 和 2i+1 列）要用同一个频率 ω_i = 10000^(−2i/d)："
+                               "指数里是对的序号 2i，不是列号 j。"),
+    (_from_one, "位置从 0 开始：第 0 行是 PE(0) = [0, 1, 0, 1, …]。"),
+)
+
+
+def _cases(g):
+    extra = int(torch.randint(0, 8, (1,), generator=g))
+    return [
+        Case("很小的例子", (4, 6), note="4 个位置，d_model = 6（三对 sin/cos）。"),
+        Case("中等大小", (10 + extra, 16)),
+        Case("位置多、维度大", (50, 32), note="角度 p·ω 最大到 49。"),
+    ]
+
+
+def _hint(f):
+    if f.kind != "value":
+        return None
+    n, d = f.inputs["n_positions"], f.inputs["d_model"]
+    for bug, text in _HINTS:
+        if close(f.got, bug(n, d), atol=1e-3):
+            return text
+    return "逐列检查：第 2i 列是 sin(p / 10000^(2i/d))，第 2i+1 列是 cos(p / 10000^(2i/d))。"
+
+
+def _low_atol(case, dtype):
+    """Rounding of the angles (up to n * eps) and of sin / cos, with a margin of 8."""
+    return 8 * torch.finfo(dtype).eps * max(1, case.args[0])
+
+
+register(Exercise("ch06.sinusoidal", "正弦位置编码", sinusoidal, BUGS, _cases, (_hint,),
+                  low_atol=_low_atol))
