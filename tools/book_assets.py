@@ -17,7 +17,7 @@ also works around two quirks of Jupyter Book 1 / Sphinx 7.4:
   removed from each page's script list.
 
 Usage:
-    python tools/book_assets.py [--book-root DIR] [--force]
+    python -m tools.book_assets [--book-root DIR] [--force]
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ import shutil
 import sys
 from pathlib import Path
 
-BOOK_ROOT = Path(__file__).resolve().parent.parent
+from tools import ROOT
+
 MATHJAX_PACKAGE = "mathjax"            # import name of the PyPI distribution django-static-mathjax
 MATHJAX_ENTRY = "tex-chtml.js"         # must equal the file name in _config.yml's mathjax_path
 MATHJAX_MAJOR = "3"                    # Sphinx 7's mathjax3_config / startup API
@@ -66,7 +67,7 @@ def mathjax_source() -> tuple[Path, str]:
     return es5, version
 
 
-def install_mathjax(book_root: str | Path = BOOK_ROOT, *, force: bool = False) -> Path:
+def install_mathjax(book_root: str | Path = ROOT, *, force: bool = False) -> Path:
     """Copy MathJax's es5 build into `<book_root>/_static/mathjax/` unless it is already there.
 
     Args:
@@ -159,7 +160,7 @@ def setup(app) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Copy the book's static assets (MathJax 3) into _static/.")
-    parser.add_argument("--book-root", default=str(BOOK_ROOT), help="folder holding _config.yml")
+    parser.add_argument("--book-root", default=str(ROOT), help="folder holding _config.yml")
     parser.add_argument("--force", action="store_true", help="copy even if the current copy is up to date")
     args = parser.parse_args(argv)
     entry = install_mathjax(args.book_root, force=args.force)

@@ -3,7 +3,7 @@
 - Equations are numbered per chapter, "(4.3)" for the third labelled equation of chapter 4,
   and `{eq}` references print the same number. Without this, Sphinx numbers them across the
   whole book when the toctree is not numbered (chapter 4 started at "(20)", and every number
-  moved when a chapter was added before it). tools/colab_edition.py uses the same numbers.
+  moved when a chapter was added before it). tools/book_index.py numbers them the same way.
 - Every chapter page shows a "last verified" line under its title: when the chapter was
   executed, the library and torch versions of the build, and how long the chapter ran.
 - The Colab launch button opens the chapter's Colab edition (colab/NN_slug.ipynb, plain
@@ -13,7 +13,8 @@
 - Figures in cell outputs link to their full-size image (tap a small figure on a phone).
 - A line break in the Markdown source between two Chinese characters (or Chinese punctuation)
   disappears: browsers other than Firefox render it as a space ("，  每"), which Chinese text
-  does not have. Breaks next to Latin letters, digits or formulas stay spaces.
+  does not have. Breaks next to Latin letters, digits or formulas stay spaces (the rule is
+  tools/cjk.py's, which the Colab edition applies too).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import subprocess
 from pathlib import Path
 
 from docutils import nodes
+
+from tools.cjk import join_cjk_lines
 
 CHAPTER_DOC = re.compile(r"^chapters/(\d\d)_[A-Za-z0-9_]+$")
 COLAB_BADGE_URL = "https://colab.research.google.com/assets/colab-badge.svg"
@@ -120,44 +123,9 @@ def _last_verified(app, doctree, docname) -> None:
 
 # ------------------------------------------------------------------------------ Chinese line breaks
 
-_CJK = re.compile(r"[\u2e80-\u9fff\u3000-\u303f\uf900-\ufaff\uff00-\uffef]")
-_CJK_PUNCT = set("“”‘’—…·")
 # Text inside these is code, mathematics or raw output: never touched.
 _VERBATIM = (nodes.literal, nodes.literal_block, nodes.math, nodes.math_block, nodes.raw,
              nodes.comment, nodes.doctest_block)
-
-
-def _cjk_side(ch: str, strict: bool) -> bool:
-    return bool(ch) and (bool(_CJK.match(ch)) or (not strict and ch in _CJK_PUNCT))
-
-
-def cjk_joinable(before: str, after: str) -> bool:
-    """Whether a line break between the characters `before` and `after` should vanish: both are
-    Chinese characters or Chinese punctuation (“”‘’—…· count only next to a Chinese character)."""
-    return ((_cjk_side(before, True) and _cjk_side(after, False))
-            or (_cjk_side(before, False) and _cjk_side(after, True)))
-
-
-def join_cjk_lines(texts: list[str]) -> list[str]:
-    """Drop each newline (with the spaces around it) that joins two Chinese characters.
-
-    `texts` are the text pieces of one paragraph in reading order (a role or link splits a
-    paragraph into pieces; the neighbour of a newline at a piece's edge is in the next piece).
-    A newline goes when the characters on both sides are Chinese characters or Chinese
-    punctuation (full-width forms, “”‘’—…·), and at least one side is not one of the ASCII-range
-    quotes and dashes. Everything else is returned unchanged.
-    """
-    joined = "\x00".join(texts)
-    out, i = [], 0
-    for m in re.finditer(r"[ \t]*\n[ \t]*", joined):
-        before = joined[:m.start()].replace("\x00", "")[-1:]
-        after = joined[m.end():].replace("\x00", "")[:1]
-        keep = not cjk_joinable(before, after)
-        out.append(joined[i:m.start()])
-        out.append(m.group(0) if keep else "")
-        i = m.end()
-    out.append(joined[i:])
-    return "".join(out).split("\x00")
 
 
 def _text_pieces(block) -> list:

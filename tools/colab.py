@@ -13,8 +13,8 @@ The repository URL and branch live in one place, `_config.yml`'s `repository.url
 cell ids alone) and `sync(check_only=True)` reports notebooks that are out of date.
 
 Usage:
-    python tools/colab.py            # rewrite badge + setup cell of chapters/*.ipynb
-    python tools/colab.py --check    # exit 1 and list the notebooks that differ
+    python -m tools.colab            # rewrite badge + setup cell of chapters/*.ipynb
+    python -m tools.colab --check    # exit 1 and list the notebooks that differ
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ from pathlib import Path
 import nbformat
 import yaml
 
-BOOK_ROOT = Path(__file__).resolve().parent.parent
-CONFIG = BOOK_ROOT / "_config.yml"
-CHAPTERS = BOOK_ROOT / "chapters"
+from tools import ROOT
+from tools.book_index import cell_source
+
+CONFIG = ROOT / "_config.yml"
 PACKAGE = "attnbook"
 BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
 BADGE_PREFIX = "[![Open In Colab]("
@@ -125,11 +126,6 @@ def setup_cell_source(*, config_path: str | Path = CONFIG) -> str:
     )
 
 
-def _source(cell) -> str:
-    src = cell.get("source", "")
-    return "".join(src) if isinstance(src, list) else src
-
-
 def expected_header(nb, nb_relpath: str, *, config_path: str | Path = CONFIG):
     """Return a copy of `nb` whose badge line and setup cell are the expected ones.
 
@@ -139,10 +135,10 @@ def expected_header(nb, nb_relpath: str, *, config_path: str | Path = CONFIG):
     """
     nb = nbformat.from_dict(json.loads(json.dumps(nb)))
     cells = nb.cells
-    if not cells or cells[0].cell_type != "markdown" or not _source(cells[0]).lstrip().startswith("# "):
+    if not cells or cells[0].cell_type != "markdown" or not cell_source(cells[0]).lstrip().startswith("# "):
         raise ValueError(f"{nb_relpath}: cell 0 must be a markdown cell starting with a '# ' title")
     badge = badge_markdown(nb_relpath, config_path=config_path)
-    lines = _source(cells[0]).split("\n")
+    lines = cell_source(cells[0]).split("\n")
     badge_rows = [i for i, line in enumerate(lines) if line.strip().startswith(BADGE_PREFIX)]
     if badge_rows:
         lines[badge_rows[0]] = badge
@@ -157,7 +153,7 @@ def expected_header(nb, nb_relpath: str, *, config_path: str | Path = CONFIG):
     cells[0].source = "\n".join(lines)
 
     setup = setup_cell_source(config_path=config_path)
-    if len(cells) > 1 and cells[1].cell_type == "code" and SETUP_MARKER in _source(cells[1]):
+    if len(cells) > 1 and cells[1].cell_type == "code" and SETUP_MARKER in cell_source(cells[1]):
         cells[1].source = setup
     else:
         cells.insert(1, nbformat.v4.new_code_cell(setup))
@@ -168,7 +164,7 @@ def _same(a, b) -> bool:
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
-def sync(check_only: bool = False, *, root: str | Path = BOOK_ROOT,
+def sync(check_only: bool = False, *, root: str | Path = ROOT,
          config_path: str | Path | None = None) -> list[Path]:
     """Make the badge and setup cell of every root/chapters/*.ipynb match _config.yml.
 
@@ -202,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     repo = repository()
     verb = "out of date" if args.check else "rewritten"
     for path in changed:
-        print(f"{verb}: {path.relative_to(BOOK_ROOT)}")
+        print(f"{verb}: {path.relative_to(ROOT)}")
     print(f"{len(changed)} notebook(s) {verb}; repository {repo.url} branch {repo.branch}")
     return 1 if (args.check and changed) else 0
 

@@ -18,12 +18,14 @@ HTML Colab renders) and every code cell unchanged:
 - cell 0 gets the Colab badge of the edition itself and a note saying where it came from;
   cell 1 is the setup cell (tools/colab.py).
 
-An unknown directive is an error (so nothing raw reaches Colab silently). `find_myst(text)`
-lists the MyST syntax left in a text; the tests run it over every generated notebook.
+The Markdown is read with the MyST tokenizer (tools/myst.py): the converter rewrites the source
+lines of the blocks and inline tokens it finds, and copies everything else byte for byte. An
+unknown directive is an error (so nothing raw reaches Colab silently). `find_myst(text)` lists
+the MyST syntax left in a text; the tests run it over every generated notebook.
 
-Usage:
-    python tools/colab_edition.py            # write colab/*.ipynb (and remove stale ones)
-    python tools/colab_edition.py --check    # exit 1 if colab/ is out of date
+Usage (tools/regenerate.py runs it after tools/colab.py and tools/glossary.py):
+    python -m tools.colab_edition            # write colab/*.ipynb (and remove stale ones)
+    python -m tools.colab_edition --check    # exit 1 if colab/ is out of date
 """
 
 from __future__ import annotations
@@ -32,16 +34,17 @@ import argparse
 import copy
 import re
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import nbformat
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import colab  # noqa: E402  (tools/colab.py: repository, badge, setup cell)
+from tools import ROOT, colab, myst
+from tools.bibliography import Bibliography
+from tools.book_index import ADMONITION_TITLES, BookIndex, Target, book_index, cell_source, split_target
+from tools.cjk import join_chinese_lines
 
-BOOK_ROOT = Path(__file__).resolve().parent.parent
-EDITION_DIR = "colab"
+EDITION_DIR = colab.EDITION_DIR
 GENERATED_NOTE = (
     "> 这是本章的 **Colab 版**：由 `{source}` 自动生成（`python3 make.py colab`），"
     "正文与代码与书中相同，只是把书的排版标记换成了 Colab 能显示的 Markdown。"
@@ -50,333 +53,45 @@ GENERATED_NOTE = (
 REFERENCES_TITLE = "## 参考文献"
 REFERENCES_CELL_ID = "colab-edition-references"
 
-_LABEL_LINE = re.compile(r"^\s*\(([A-Za-z0-9_.:\-]+)\)=\s*$")
-_HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
-_ROLE = re.compile(r"\{([a-z][a-z0-9_\-]*(?::[a-z][a-z0-9_\-]*)?)\}`([^`]*)`")
-_REF_TEXT = re.compile(r"^(.*?)\s*<([^<>]+)>\s*$", re.S)
-_COLON_OPEN = re.compile(r"^(\s*)(:{3,})\{([A-Za-z][\w\-]*)\}\s*(.*?)\s*$")
-_COLON_CLOSE = re.compile(r"^\s*(:{3,})\s*$")
-_TICK_OPEN = re.compile(r"^(\s*)(`{3,}|~{3,})\{([A-Za-z][\w\-]*)\}\s*(.*?)\s*$")
-_FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})(.*)$")
-_OPTION = re.compile(r"^\s*:([A-Za-z][\w\-]*):\s*(.*?)\s*$")
-_EQ_LABEL_END = re.compile(r"^(.*?)\$\$\s*\(([A-Za-z][\w.:\-]*)\)\s*$")
-_MD_LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^()\s]*)\)")
-
-ADMONITION_TITLES = {
-    "note": "注", "tip": "提示", "hint": "提示", "important": "重要", "warning": "警告",
-    "caution": "注意", "attention": "注意", "danger": "危险", "error": "错误", "seealso": "另见",
-}
-
-# What the no-MyST check looks for in a Colab edition's Markdown.
-MYST_PATTERNS = {
-    "role": re.compile(r"\{[a-z][a-z0-9_\-]*(?::[a-z0-9_\-]+)?\}`"),
-    "colon fence": re.compile(r"^\s*:{3,}", re.M),
-    "directive fence": re.compile(r"^\s*(`{3,}|~{3,})\{", re.M),
-    "label line": re.compile(r"^\s*\([^()\s]+\)=\s*$", re.M),
-    "equation label": re.compile(r"\$\$\s*\([A-Za-z][\w.:\-]*\)\s*$", re.M),
-    "directive option": re.compile(r"^\s*:(class|name|label|width|align|alt|widths|header-rows):", re.M),
-}
-
-
-def _without_code(text: str) -> str:
-    """`text` with fenced code blocks and inline code spans blanked out (roles kept)."""
-    lines, out, fence, directives = text.split("\n"), [], None, []
-    for line in lines:
-        m = _FENCE.match(line)
-        if fence is None and m:
-            s = line.strip()
-            if m.group(3).lstrip().startswith("{"):          # a directive fence: scan its body
-                directives.append(m.group(2))
-                out.append(line)
-                continue
-            if directives and set(s) == {directives[-1][0]} and len(s) >= len(directives[-1]):
-                directives.pop()
-                out.append(line)
-                continue
-            fence = m.group(2)
-            out.append("")
-            continue
-        if fence is not None:
-            s = line.strip()
-            if s and set(s) == {fence[0]} and len(s) >= len(fence):
-                fence = None
-            out.append("")
-            continue
-        pieces = re.split(r"(`+[^`]*`+)", line)
-        kept = []
-        for i, piece in enumerate(pieces):
-            is_role_content = i % 2 == 1 and re.search(r"\}$", pieces[i - 1] or "")
-            kept.append(piece if i % 2 == 0 or is_role_content else "``")
-        out.append("".join(kept))
-    return "\n".join(out)
+# What the no-MyST check reports (`find_myst`), and the directive options it looks for in text.
+MYST_KINDS = ("role", "colon fence", "directive fence", "label line", "equation label", "directive option")
+_OPTION_NAMES = {"class", "name", "label", "width", "align", "alt", "widths", "header-rows"}
+# Blocks the converter handles itself; every other line is prose, converted inline.
+_SPECIAL_BLOCKS = {"myst_target", "fence", "colon_fence", "math_block", "math_block_label", "amsmath"}
 
 
 def find_myst(text: str) -> list[str]:
     """The MyST constructs left in `text` outside code, as 'kind: line' strings (empty when plain)."""
-    found = []
-    text = _without_code(text)
-    for kind, pattern in MYST_PATTERNS.items():
-        for m in pattern.finditer(text):
-            line = text[text.rfind("\n", 0, m.start()) + 1:].split("\n", 1)[0]
-            found.append(f"{kind}: {line.strip()[:100]}")
+    lines, found = text.split("\n"), []
+
+    def hit(kind: str, line: int) -> None:
+        found.append(f"{kind}: {lines[line].strip()[:100]}")
+
+    for block in myst.walk(text):
+        token = block.token
+        if token.type == "myst_target":
+            hit("label line", block.start)
+        elif token.type == "math_block_label":
+            hit("equation label", block.end - 1)
+        elif token.type == "colon_fence":
+            hit("colon fence", block.start)
+        elif block.directive is not None:
+            hit("directive fence", block.start)
+        elif token.type == "inline":
+            content = token.content
+            for span in myst.inline(content):
+                if span.kind == "myst_role":
+                    hit("role", block.start + content.count("\n", 0, span.start))
+            for k, line in enumerate(content.split("\n")):
+                option = line.lstrip()
+                if option.startswith(":") and option[1:].split(":", 1)[0] in _OPTION_NAMES and ":" in option[1:]:
+                    hit("directive option", block.start + k)
     return found
-
-
-def _source(cell) -> str:
-    src = cell.get("source", "")
-    return "".join(src) if isinstance(src, list) else src
 
 
 def edition_relpath(chapter_relpath: str | Path) -> str:
     """chapters/04_attention_qkv.ipynb -> colab/04_attention_qkv.ipynb."""
     return f"{EDITION_DIR}/{Path(chapter_relpath).name}"
-
-
-# ------------------------------------------------------------------------------ the book's labels
-
-@dataclass
-class Target:
-    """Something a role can point to."""
-
-    kind: str                 # "section", "equation", "figure", "admonition"
-    doc: str                  # "chapters/04_attention_qkv" or "appendix/errata"
-    title: str = ""
-    number: str | None = None     # "4.3": equations of chapter 4 (tools/book_pages.py numbers them so)
-
-
-@dataclass
-class BookIndex:
-    """Labels of every chapter and page, equation/figure numbers per page, chapter numbers."""
-
-    targets: dict[str, Target] = field(default_factory=dict)
-    chapter_numbers: dict[str, int] = field(default_factory=dict)
-
-
-def _numbered(doc: str, k: int) -> str:
-    """Equation/figure number as the HTML book prints it: "4.3" in chapter 4, "3" elsewhere."""
-    number = re.match(r"^chapters/(\d\d)_", doc)
-    return f"{int(number.group(1))}.{k}" if number else str(k)
-
-
-def _scan_markdown(text: str, doc: str, index: BookIndex, counters: dict[str, int]) -> None:
-    lines = text.split("\n")
-    pending: list[str] = []
-    for i, line in enumerate(lines):
-        m = _LABEL_LINE.match(line)
-        if m:
-            pending.append(m.group(1))
-            continue
-        heading = _HEADING.match(line)
-        if heading and pending:
-            for label in pending:
-                index.targets[label] = Target("section", doc, heading.group(2).strip())
-            pending = []
-        elif line.strip() and pending and not heading:
-            for label in pending:                      # a label above a paragraph, table, ...
-                index.targets.setdefault(label, Target("section", doc, label))
-            pending = []
-        eq = _EQ_LABEL_END.match(line)
-        if eq:
-            counters["equation"] += 1
-            index.targets[eq.group(2)] = Target("equation", doc, number=_numbered(doc, counters["equation"]))
-        opening = _COLON_OPEN.match(line) or _TICK_OPEN.match(line)
-        if opening:
-            name, arg = opening.group(3), opening.group(4)
-            options = {}
-            for follow in lines[i + 1:]:
-                opt = _OPTION.match(follow)
-                if not opt:
-                    break
-                options[opt.group(1)] = opt.group(2)
-            if name == "math" and "label" in options:
-                counters["equation"] += 1
-                index.targets[options["label"]] = Target("equation", doc,
-                                                         number=_numbered(doc, counters["equation"]))
-            elif name in ("figure", "table", "list-table") and "name" in options:
-                counters[name] = counters.get(name, 0) + 1
-                index.targets[options["name"]] = Target("figure" if name == "figure" else "table", doc,
-                                                        arg.strip(), _numbered(doc, counters[name]))
-            elif "name" in options:
-                title = arg.strip() or ADMONITION_TITLES.get(name, name)
-                index.targets[options["name"]] = Target("admonition", doc, title)
-
-
-_QUOTE_PREFIX = re.compile(r"^((?:[ \t]*>)*[ \t]?)")
-_BLOCK_START = re.compile(r"^(#|\||[-*+]\s|\d+[.)]\s|\$\$|<|:::|```|~~~)")
-_FENCE_LINE = re.compile(r"^(?:[ \t]*>)*[ \t]*(`{3,}|~{3,})")
-
-
-def join_chinese_lines(markdown: str) -> str:
-    """Join a paragraph's source lines where the break falls between two Chinese characters.
-
-    Jupyter and Colab render such a break as a space ("，  每"); Chinese text has none. Lines in
-    fenced code and $$ blocks, table rows, headings and list or block starts are never joined; a
-    blockquote line joins the previous one only at the same quote depth (its "> " is dropped).
-    The HTML book does the same on its doctree (tools/book_pages.py).
-    """
-    from book_pages import cjk_joinable
-
-    out: list[str] = []
-    fence, in_math = None, False
-    joinable_prev = False
-    for line in markdown.split("\n"):
-        prefix = _QUOTE_PREFIX.match(line).group(1)
-        body = line[len(prefix):]
-        fenced = _FENCE_LINE.match(line)
-        if fence or fenced:
-            if fence is None:
-                fence = fenced.group(1)
-            elif fenced and fenced.group(1).startswith(fence[0]) and len(fenced.group(1)) >= len(fence):
-                fence = None
-            out.append(line)
-            joinable_prev = False
-            continue
-        if body.strip().startswith("$$") or in_math:
-            if body.strip().count("$$") % 2 == 1:
-                in_math = not in_math
-            out.append(line)
-            joinable_prev = False
-            continue
-        text = body.strip()
-        if (joinable_prev and text and not _BLOCK_START.match(text)
-                and _QUOTE_PREFIX.match(out[-1]).group(1).strip() == prefix.strip()
-                and not out[-1].endswith("  ")
-                and cjk_joinable(out[-1].rstrip()[-1:], text[:1])):
-            out[-1] = out[-1].rstrip() + text
-        else:
-            out.append(line)
-        joinable_prev = bool(text) and not text.startswith(("#", "|"))
-    return "\n".join(out)
-
-
-def split_target(content: str) -> tuple[str | None, str]:
-    """A cross-reference role's content: "text <label>" -> ("text", "label"), "label" -> (None, "label")."""
-    explicit = _REF_TEXT.match(content)
-    return (explicit.group(1), explicit.group(2).strip()) if explicit else (None, content.strip())
-
-
-def role_targets(text: str, names: tuple[str, ...] = ("ref",)) -> list[tuple[str, str | None, str]]:
-    """(role, explicit text or None, label) for every role in `text` whose name is in `names`."""
-    return [(m.group(1), *split_target(m.group(2))) for m in _ROLE.finditer(text) if m.group(1) in names]
-
-
-def book_index(root: str | Path = BOOK_ROOT) -> BookIndex:
-    """Scan chapters/*.ipynb, index.md and appendix/*.md for labels and numbers."""
-    root = Path(root)
-    index = BookIndex()
-    for path in sorted((root / "chapters").glob("*.ipynb")):
-        doc = f"chapters/{path.stem}"
-        if path.stem[:2].isdigit():
-            index.chapter_numbers[doc] = int(path.stem[:2])
-        nb = nbformat.read(path, as_version=4)
-        counters = {"equation": 0}
-        for cell in nb.cells:
-            if cell.cell_type == "markdown":
-                _scan_markdown(_source(cell), doc, index, counters)
-    pages = [root / "index.md"] + sorted((root / "appendix").glob("*.md"))
-    for path in pages:
-        if path.is_file():
-            doc = path.relative_to(root).with_suffix("").as_posix()
-            _scan_markdown(path.read_text(encoding="utf-8"), doc, index, {"equation": 0})
-    return index
-
-
-# ------------------------------------------------------------------------------ citations
-
-def _latex_to_text(text: str) -> str:
-    try:
-        import codecs
-
-        import latexcodec  # noqa: F401  (registers the "ulatex" codec; pybtex depends on it)
-        text = codecs.decode(text, "ulatex")
-    except Exception:  # noqa: BLE001 - a field latexcodec cannot decode stays as written
-        pass
-    return re.sub(r"[{}]", "", text).replace("--", "–").strip()
-
-
-class Bibliography:
-    """references.bib read with pybtex; author-year labels as the HTML book prints them."""
-
-    def __init__(self, bib_path: str | Path):
-        from pybtex.database import parse_file
-
-        self.entries = parse_file(str(bib_path)).entries
-        self._warned: set[str] = set()
-        base = {key: (self._names(key), self._year(key)) for key in self.entries}
-        groups: dict[tuple[str, str], list[str]] = {}
-        for key, label in base.items():
-            groups.setdefault(label, []).append(key)
-        self.labels: dict[str, tuple[str, str]] = {}
-        for (names, year), keys in groups.items():
-            if len(keys) == 1:
-                self.labels[keys[0]] = (names, year)
-                continue
-            keys.sort(key=lambda k: (self._sort_authors(k), _latex_to_text(self.entries[k].fields.get("title", ""))))
-            for suffix, key in zip("abcdefghijklmnopqrstuvwxyz", keys):
-                self.labels[key] = (names, year + suffix)
-
-    def _persons(self, key: str):
-        entry = self.entries[key]
-        return entry.persons.get("author") or entry.persons.get("editor") or []
-
-    def _sort_authors(self, key: str) -> str:
-        return " ".join(_latex_to_text(" ".join(p.last_names + p.first_names)) for p in self._persons(key))
-
-    def _names(self, key: str) -> str:
-        last = [_latex_to_text(" ".join(p.prelast_names + p.last_names)) for p in self._persons(key)]
-        if not last:
-            return key
-        if len(last) == 1:
-            return last[0]
-        if len(last) == 2:
-            return f"{last[0]} and {last[1]}"
-        return f"{last[0]} et al."
-
-    def _year(self, key: str) -> str:
-        return self.entries[key].fields.get("year", "n.d.")
-
-    def label(self, key: str) -> tuple[str, str]:
-        """(names, year) of a key; a key missing from references.bib shows as itself (the
-        bibliography test in tests/book/test_notebooks.py reports it)."""
-        if key not in self.labels:
-            if key not in self._warned:
-                self._warned.add(key)
-                print(f"warning: citation key {key!r} is not in references.bib", file=sys.stderr)
-            return key, ""
-        return self.labels[key]
-
-    def cite(self, keys: list[str], textual: bool) -> str:
-        labels = [self.label(k) for k in keys]
-        if textual:
-            return ", ".join(f"{names} ({year})" if year else names for names, year in labels)
-        return "(" + "; ".join(f"{names}, {year}" if year else names for names, year in labels) + ")"
-
-    def reference(self, key: str) -> str:
-        """One bibliography line in Markdown."""
-        entry = self.entries[key]
-        f = entry.fields
-        authors = [
-            _latex_to_text(" ".join(p.first_names + p.middle_names + p.prelast_names + p.last_names))
-            for p in self._persons(key)
-        ]
-        authors = ["et al." if a == "others" else a for a in authors]
-        names, year = self.labels[key]
-        venue = f.get("journal") or f.get("booktitle") or f.get("publisher") or f.get("howpublished") or ""
-        parts = [f"**{names} ({year})**. {', '.join(authors)}. *{_latex_to_text(f.get('title', key))}*."]
-        if venue:
-            parts.append(f"{_latex_to_text(venue)}.")
-        eprint = f.get("eprint")
-        if eprint and f.get("archiveprefix", f.get("archivePrefix", "arXiv")).lower() == "arxiv":
-            parts.append(f"[arXiv:{eprint}](https://arxiv.org/abs/{eprint})")
-        elif f.get("doi"):
-            parts.append(f"[doi:{f['doi']}](https://doi.org/{f['doi']})")
-        elif f.get("url"):
-            parts.append(f"<{f['url']}>")
-        return "- " + " ".join(parts)
-
-    def sort_key(self, key: str):
-        names, year = self.labels[key]
-        return (names.lower(), year)
 
 
 # ------------------------------------------------------------------------------ Markdown conversion
@@ -444,10 +159,12 @@ class Converter:
             return text or content
         raise ValueError(f"{self.doc}: no plain-Markdown form for the role {{{name}}}`{content}`")
 
-    def _link(self, m: re.Match) -> str:
-        bang, text, url = m.group(1), m.group(2), m.group(3)
-        if bang or re.match(r"^[a-z][a-z0-9+.\-]*:", url) or not url:
-            return m.group(0)
+    def _link(self, line: str, span: myst.Span) -> str:
+        token = span.token
+        url = unquote(token.attrGet("href") or "")
+        if token.markup == "autolink" or urlsplit(url).scheme or not url:
+            return line[span.start:span.end]
+        text = line[slice(*token.meta["label"])]
         label = url[1:] if url.startswith("#") else url
         if label in self.index.targets:
             target = self.index.targets[label]
@@ -460,22 +177,18 @@ class Converter:
     config_path: Path = colab.CONFIG
 
     def inline(self, line: str) -> str:
-        """Convert roles and MyST links outside inline code spans."""
-        pieces = re.split(r"(`+[^`]*`+)", line)
-        out = []
-        for i, piece in enumerate(pieces):
-            if i % 2 == 1 and not (out and re.search(r"\}$", out[-1])):
-                out.append(piece)             # an inline code span
+        """Convert the roles and MyST links of one line (code spans, math and HTML stay as written)."""
+        out, at = [], 0
+        for span in myst.inline(line):
+            if span.kind == "myst_role":
+                new = self.role(span.token.meta["name"], span.token.content)
+            elif span.kind == "link":
+                new = self._link(line, span)
+            else:
                 continue
-            if i % 2 == 1:                    # `{role}` + `content`: the role's backticked content
-                role = re.search(r"\{([a-z][a-z0-9_\-]*(?::[a-z][a-z0-9_\-]*)?)\}$", out[-1])
-                if role:
-                    out[-1] = out[-1][: role.start()]
-                    out.append(self.role(role.group(1), piece.strip("`")))
-                    continue
-                out.append(piece)
-                continue
-            out.append(_MD_LINK.sub(self._link, piece))
+            out += [line[at:span.start], new]
+            at = span.end
+        out.append(line[at:])
         return "".join(out)
 
     # --- blocks ---------------------------------------------------------------------------------
@@ -492,84 +205,41 @@ class Converter:
 
     def _block(self, lines: list[str]) -> list[str]:
         out: list[str] = []
-        i = 0
-        while i < len(lines):
-            line = lines[i]
-            if _LABEL_LINE.match(line):
-                i += 1
+        at = 0
+        for block in myst.walk("\n".join(lines), markdown_body=lambda name: False):
+            token = block.token
+            if token.type not in _SPECIAL_BLOCKS:
                 continue
-            opening = _COLON_OPEN.match(line)
-            if opening:
-                end = self._colon_end(lines, i, len(opening.group(2)))
-                out += self._directive(opening.group(3), opening.group(4), lines[i + 1:end], opening.group(1))
-                i = end + 1
+            out += [self.inline(line) for line in lines[at:block.start]]
+            at = block.end
+            d = block.directive
+            if token.type == "myst_target":
                 continue
-            opening = _TICK_OPEN.match(line)
-            if opening:
-                end = self._fence_end(lines, i, opening.group(2))
-                out += self._directive(opening.group(3), opening.group(4), lines[i + 1:end], opening.group(1))
-                i = end + 1
+            if token.type in ("fence", "colon_fence"):
+                if not myst.is_closed(token, lines, block):
+                    what = "':::' fence" if token.type == "colon_fence" else "code fence"
+                    raise ValueError(f"unclosed {what} opened by {lines[block.start]!r}")
+                if d is None:                                      # a plain code block: verbatim
+                    out += lines[block.start:block.end]
+                else:
+                    indent = lines[block.start][:len(lines[block.start]) - len(lines[block.start].lstrip())]
+                    out += self._directive(d, indent)
                 continue
-            fence = _FENCE.match(line)
-            if fence:                                          # a plain code block: verbatim
-                end = self._fence_end(lines, i, fence.group(2))
-                out += lines[i:end + 1]
-                i = end + 1
-                continue
-            if line.strip().startswith("$$"):                  # display math: verbatim but the label
-                end = i if (line.strip() != "$$" and line.strip().count("$$") >= 2) else None
-                j = i
-                if end is None:
-                    j = i + 1
-                    while j < len(lines) and "$$" not in lines[j]:
-                        j += 1
-                    end = min(j, len(lines) - 1)
-                block = lines[i:end + 1]
-                eq = _EQ_LABEL_END.match(block[-1])
-                if eq:
-                    head = eq.group(1)
-                    tag = self._equation_tag(eq.group(2))
-                    if len(block) == 1:
-                        block[-1] = f"{head.rstrip()} {tag} $$"
-                    else:
-                        block[-1:] = ([head] if head.strip() else []) + [tag, "$$"]
-                out += block
-                i = end + 1
-                continue
-            out.append(self.inline(line))
-            i += 1
+            math = lines[block.start:block.end]                    # display math: verbatim but the label
+            if token.type == "math_block_label":
+                head = math[-1].rstrip()
+                head = head[:-len(f"({token.info})")].rstrip()[:-2]      # drop "(label)", then "$$"
+                tag = self._equation_tag(token.info)
+                if len(math) == 1:
+                    math[-1] = f"{head.rstrip()} {tag} $$"
+                else:
+                    math[-1:] = ([head] if head.strip() else []) + [tag, "$$"]
+            out += math
+        out += [self.inline(line) for line in lines[at:]]
         return out
 
-    @staticmethod
-    def _colon_end(lines: list[str], start: int, colons: int) -> int:
-        depth = [colons]
-        for j in range(start + 1, len(lines)):
-            inner = _COLON_OPEN.match(lines[j])
-            if inner:
-                depth.append(len(inner.group(2)))
-                continue
-            close = _COLON_CLOSE.match(lines[j])
-            if close and len(close.group(1)) >= depth[-1]:
-                depth.pop()
-                if not depth:
-                    return j
-        raise ValueError(f"unclosed ':::' fence opened by {lines[start]!r}")
-
-    @staticmethod
-    def _fence_end(lines: list[str], start: int, fence: str) -> int:
-        char, n = fence[0], len(fence)
-        for j in range(start + 1, len(lines)):
-            s = lines[j].strip()
-            if s and set(s) == {char} and len(s) >= n:
-                return j
-        raise ValueError(f"unclosed code fence opened by {lines[start]!r}")
-
-    def _directive(self, name: str, arg: str, body: list[str], indent: str) -> list[str]:
-        options: dict[str, str] = {}
-        while body and _OPTION.match(body[0]):
-            opt = _OPTION.match(body[0])
-            options[opt.group(1)] = opt.group(2)
-            body = body[1:]
+    def _directive(self, d: myst.Directive, indent: str) -> list[str]:
+        name, arg, options, body = d.name, d.argument, d.options, d.body
         classes = options.get("class", "").split()
         if name in ("admonition", *ADMONITION_TITLES, "dropdown", "toggle"):
             if name == "admonition":
@@ -626,7 +296,7 @@ class Converter:
 
 # ------------------------------------------------------------------------------ notebooks
 
-def colab_notebook(chapter_path: str | Path, *, root: str | Path = BOOK_ROOT,
+def colab_notebook(chapter_path: str | Path, *, root: str | Path = ROOT,
                    index: BookIndex | None = None, bib: Bibliography | None = None):
     """The Colab edition of one chapter, as a notebook node."""
     root = Path(root)
@@ -643,7 +313,7 @@ def colab_notebook(chapter_path: str | Path, *, root: str | Path = BOOK_ROOT,
     new = copy.deepcopy(nb)
     for cell in new.cells:
         if cell.cell_type == "markdown":
-            cell.source = converter.convert(_source(cell))
+            cell.source = converter.convert(cell_source(cell))
         elif cell.cell_type == "code":
             cell.outputs = []
             cell.execution_count = None
@@ -670,7 +340,7 @@ def render(nb) -> str:
     return nbformat.writes(nb) + "\n"
 
 
-def expected_editions(root: str | Path = BOOK_ROOT) -> dict[Path, str]:
+def expected_editions(root: str | Path = ROOT) -> dict[Path, str]:
     """{colab/NN_slug.ipynb path: file text} for every chapters/*.ipynb."""
     root = Path(root)
     index = book_index(root)
@@ -682,7 +352,7 @@ def expected_editions(root: str | Path = BOOK_ROOT) -> dict[Path, str]:
     return result
 
 
-def sync(check_only: bool = False, *, root: str | Path = BOOK_ROOT) -> list[Path]:
+def sync(check_only: bool = False, *, root: str | Path = ROOT) -> list[Path]:
     """Write colab/*.ipynb; remove editions whose chapter is gone. Returns what changed (or would)."""
     root = Path(root)
     expected = expected_editions(root)
@@ -709,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     changed = sync(check_only=args.check)
     verb = "out of date" if args.check else "written"
     for path in changed:
-        print(f"{verb}: {path.relative_to(BOOK_ROOT)}")
+        print(f"{verb}: {path.relative_to(ROOT)}")
     print(f"{len(changed)} Colab notebook(s) {verb} in {EDITION_DIR}/")
     return 1 if (args.check and changed) else 0
 

@@ -19,9 +19,12 @@ ipywidgets / IPython versions did not change (the install must not upgrade what 
 that attnbook was imported from the installed copy (not from the checkout), and that the
 explore(...) widget displayed an image.
 
+The simulated runtime's python runs this file as a script (`--execute`), outside the
+repository's import path: at module level it imports only the standard library.
+
 Usage:
-    python tools/colab_sim.py                 # every chapter (slow: about a minute each)
-    python tools/colab_sim.py 04 06           # chapters by number
+    python -m tools.colab_sim                 # every chapter (slow: about a minute each)
+    python -m tools.colab_sim 04 06           # chapters by number
 Environment: ATTNBOOK_COLAB_TORCH (pip requirement for torch), ATTNBOOK_COLAB_PYTHON (the
 interpreter for the simulated runtime; default the one running this script),
 ATTNBOOK_TORCH_INDEX (as in make.py: a package index to take torch from, e.g. a CPU-only one).
@@ -40,8 +43,7 @@ import tempfile
 import time
 from pathlib import Path
 
-BOOK_ROOT = Path(__file__).resolve().parent.parent
-WORK = BOOK_ROOT / "_build" / "colab-sim"
+WORK = Path("_build") / "colab-sim"              # under the repository root
 KERNEL_NAME = "attnbook-colab-sim"
 # Colab's runtime (googlecolab/backend-info, 2026): the versions of what the chapters touch.
 COLAB_PINS = [
@@ -100,8 +102,9 @@ def torch_requirement() -> str:
     return os.environ.get("ATTNBOOK_COLAB_TORCH", DEFAULT_TORCH)
 
 
-def ensure_venv(work: Path = WORK) -> Path:
+def ensure_venv(work: Path | None = None) -> Path:
     """Create (or reuse) the simulated runtime's virtual environment; return its python."""
+    work = work or _root() / WORK
     venv = work / "venv"
     py = _bin(venv, "python")
     base = os.environ.get("ATTNBOOK_COLAB_PYTHON", sys.executable)
@@ -130,15 +133,22 @@ def ensure_venv(work: Path = WORK) -> Path:
     return py
 
 
-def snapshot_repository(work: Path = WORK, root: Path = BOOK_ROOT) -> tuple[Path, str]:
+def _root() -> Path:
+    from tools import ROOT           # not at module level: see the module docstring
+
+    return ROOT
+
+
+def snapshot_repository(work: Path | None = None, root: Path | None = None) -> tuple[Path, str]:
     """A bare repository whose branch (from _config.yml) holds the working tree as it is now.
 
     Returns (bare repository path, commit id). Uncommitted and untracked (not ignored) files
     are included, through a temporary index, so the simulation tests what is on disk.
     """
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import colab
+    from tools import colab
 
+    root = root or _root()
+    work = work or root / WORK
     repo = colab.repository(root / "_config.yml")
     bare = work / "attnbook.git"
     if not (bare / "HEAD").is_file():
@@ -192,11 +202,13 @@ def versions(py: Path) -> dict:
     return json.loads(out)
 
 
-def run_chapter(number_or_name: str, *, work: Path = WORK, root: Path = BOOK_ROOT) -> dict:
+def run_chapter(number_or_name: str, *, work: Path | None = None, root: Path | None = None) -> dict:
     """Run one chapter's Colab edition in the simulated runtime; raise AssertionError on failure.
 
     Returns a report: chapter, seconds, versions before/after, the probe's output.
     """
+    root = root or _root()
+    work = work or root / WORK
     matches = sorted((root / "colab").glob(f"{number_or_name}*.ipynb"))
     if len(matches) != 1:
         raise FileNotFoundError(f"expected one colab/{number_or_name}*.ipynb, found {matches} "
@@ -291,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run colab/*.ipynb in a simulated Colab runtime.")
     parser.add_argument("chapters", nargs="*", help="chapter numbers (default: every colab/*.ipynb)")
     args = parser.parse_args(argv)
-    chapters = args.chapters or [p.name[:2] for p in sorted((BOOK_ROOT / "colab").glob("*.ipynb"))]
+    chapters = args.chapters or [p.name[:2] for p in sorted((_root() / "colab").glob("*.ipynb"))]
     failures = []
     for chapter in chapters:
         try:

@@ -20,7 +20,7 @@ It also checks the source against the book (tests/book/test_errata.py runs `prob
   one chapter, or by one `confirmed` entry.
 
 Usage:
-    python tools/errata.py          # print the problems, exit 1 if there are any
+    python -m tools.errata          # print the problems, exit 1 if there are any
 """
 
 from __future__ import annotations
@@ -29,14 +29,13 @@ import re
 import sys
 from pathlib import Path
 
+import nbformat
 import yaml
 
-if str(Path(__file__).resolve().parent) not in sys.path:      # tools/ is not a package
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-from colab_edition import book_index, role_targets  # noqa: E402  (one label index, one role parser)
+from tools import ROOT, myst
+from tools.book_index import book_index, cell_source, role_targets
 
-BOOK_ROOT = Path(__file__).resolve().parent.parent
-SOURCE = BOOK_ROOT / "appendix" / "errata.yml"
+SOURCE = ROOT / "appendix" / "errata.yml"
 ROW_FIELDS = ("box", "findings", "seed", "correction", "verified", "source")
 CONFIRMED_FIELDS = ("findings", "kind", "seed", "book", "verified")
 
@@ -48,8 +47,7 @@ KINDS = tuple(KIND_FORMS)
 _FINDING = re.compile(r"^(\d+)\.(\d+)$")
 _CHAPTER = re.compile(r"^\d\d$")
 _BOX = re.compile(r"^err-ch(\d\d)-[a-z0-9-]+$")
-_ERRATUM_BOX = re.compile(r"^:::+\{admonition\}\s*原笔记[:：]")
-_NAME = re.compile(r"^:name:\s*(\S+)\s*$")
+ERRATUM_TITLE = ("原笔记：", "原笔记:")          # an erratum box: {admonition} titled "原笔记：… → …"
 
 
 class ErrataError(ValueError):
@@ -162,27 +160,26 @@ def render(data: dict, argument: str) -> str:
 
 # ------------------------------------------------------------------------------ checks
 
-def erratum_boxes(root: str | Path = BOOK_ROOT) -> dict[str, list[str]]:
+def erratum_boxes(root: str | Path = ROOT) -> dict[str, list[str]]:
     """{'04': ['err-ch04-row-vectors', …]}: the erratum boxes of each chapter, in order."""
-    import nbformat
-
     boxes: dict[str, list[str]] = {}
     for path in sorted((Path(root) / "chapters").glob("[0-9][0-9]_*.ipynb")):
         found = boxes.setdefault(path.name[:2], [])
         for cell in nbformat.read(path, as_version=4).cells:
             if cell.cell_type != "markdown":
                 continue
-            lines = cell.source.split("\n")
-            for i, line in enumerate(lines):
-                if _ERRATUM_BOX.match(line):
-                    for option in lines[i + 1:i + 4]:
-                        m = _NAME.match(option)
-                        if m:
-                            found.append(m.group(1))
-                            break
-                    else:
-                        found.append(f"<unnamed box at: {line[:60]}>")
+            text = cell_source(cell)
+            for block in myst.walk(text):
+                d = block.directive
+                if d is not None and d.name == "admonition" and d.argument.startswith(ERRATUM_TITLE):
+                    line = text.split("\n")[block.start]
+                    found.append(d.options.get("name") or f"<unnamed box at: {line[:60]}>")
     return boxes
+
+
+def shown_tables(page: str) -> list[str]:
+    """The arguments of the `{errata}` directives of a page, in order ('04', 'confirmed', …)."""
+    return [b.directive.argument for b in myst.walk(page) if b.directive and b.directive.name == "errata"]
 
 
 def refs(text: str) -> list[str]:
@@ -190,7 +187,7 @@ def refs(text: str) -> list[str]:
     return [label for _, _, label in role_targets(text, ("ref", "eq", "numref"))]
 
 
-def problems(data: dict | None = None, root: str | Path = BOOK_ROOT) -> list[str]:
+def problems(data: dict | None = None, root: str | Path = ROOT) -> list[str]:
     """Everything that keeps the errata source from matching the book; [] when it matches."""
     data = load(Path(root) / "appendix" / "errata.yml") if data is None else data
     index = book_index(root)
@@ -210,7 +207,7 @@ def problems(data: dict | None = None, root: str | Path = BOOK_ROOT) -> list[str
             out.append(f"chapter {chapter}: rows are not in the order of the boxes {want}")
     # the page shows every table once
     page = (Path(root) / "appendix" / "errata.md").read_text(encoding="utf-8")
-    shown = re.findall(r"(?m)^(?:```+|:::+)\{errata\}\s*(\S+)\s*$", page)
+    shown = shown_tables(page)
     for argument in [c["chapter"] for c in data["chapters"]] + ["confirmed"]:
         if shown.count(argument) != 1:
             out.append(f"appendix/errata.md shows the `errata {argument}` table {shown.count(argument)} times (want 1)")
@@ -287,7 +284,7 @@ def main() -> int:
     found = problems()
     for p in found:
         print(p)
-    print(f"{len(found)} problem(s) in {SOURCE.relative_to(BOOK_ROOT)}" if found else "errata: OK")
+    print(f"{len(found)} problem(s) in {SOURCE.relative_to(ROOT)}" if found else "errata: OK")
     return 1 if found else 0
 
 

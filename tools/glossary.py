@@ -27,9 +27,11 @@ What counts as a use (a chapter's markdown cells, cells 0 and 1 excluded: title/
 Running it twice changes nothing. Only markdown cell sources change; cell ids, metadata and
 outputs are kept, and the notebook is written with nbformat.write (as tools/colab.py does).
 
-Usage:
-    python tools/glossary.py            # link first uses in chapters/*.ipynb
-    python tools/glossary.py --check    # exit 1 and list the chapters that would change
+Prose, directives, roles, code and math are found by the MyST tokenizer (tools/myst.py).
+
+Usage (tools/regenerate.py runs it after tools/colab.py):
+    python -m tools.glossary            # link first uses in chapters/*.ipynb
+    python -m tools.glossary --check    # exit 1 and list the chapters that would change
 """
 
 from __future__ import annotations
@@ -43,11 +45,9 @@ from pathlib import Path
 
 import nbformat
 
-if str(Path(__file__).resolve().parent) not in sys.path:      # tools/ is not a package
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-from colab_edition import book_index, role_targets, split_target  # noqa: E402  (one label index, one role parser)
+from tools import ROOT, myst
+from tools.book_index import book_index, cell_source, role_targets, roles, split_target
 
-BOOK_ROOT = Path(__file__).resolve().parent.parent
 GLOSSARY = "appendix/glossary.md"
 CHAPTER_GLOB = "[0-9][0-9]_*.ipynb"
 FIRST_PROSE_CELL = 2                  # cell 0: title + badge, cell 1: setup (tools/colab.py)
@@ -59,31 +59,11 @@ MARKDOWN_DIRECTIVES = {
     "epigraph", "div",
 }
 
-_GLOSSARY_OPEN = re.compile(r"^(`{3,}|~{3,}|:{3,})\{glossary\}\s*$")
-_LABEL_LINE = re.compile(r"^\s*\(([^()\s]+)\)=\s*$")
-_HEADING = re.compile(r"^ {0,3}#{1,6}(\s|$)")
-_COLON_OPEN = re.compile(r"^\s*(:{3,})\{([\w\-:]+)\}")
-_FENCE = re.compile(r"^\s*(`{3,}|~{3,})(.*)$")
-_OPTION = re.compile(r"^\s*:[A-Za-z][\w\-]*:(\s|$)")
-_TERM_ROLE = re.compile(r"\{term\}`([^`]+)`")
 _ASCII_WORD = re.compile(r"[A-Za-z0-9_\-]")
-
-# Inline constructs that are not prose, tried left to right (the first alternative that matches
-# at a position wins, as in a Markdown parser).
-_INLINE_SKIP = re.compile(
-    r"\\[\s\S]"                                          # a backslash escape
-    r"|\{[A-Za-z][\w:+\-]*\}(`+)[\s\S]*?(?<!`)\1(?!`)"   # a role and its content
-    r"|(`+)[\s\S]*?(?<!`)\2(?!`)"                        # a code span
-    r"|\$\$[\s\S]*?\$\$"                                 # display math inside a paragraph
-    r"|\$(?!\s)(?:\\.|[^$\\])+?\$"                       # inline math
-    r"|<!--[\s\S]*?-->"                                  # an HTML comment
-    r"|<[A-Za-z][A-Za-z0-9+.\-]*:[^<>\s]*>"              # an autolink
-    r"|</?[A-Za-z][^<>]*>"                               # an HTML tag
-    r"|!?\[(?:[^\[\]\n]|\[[^\]\n]*\])*\](?:\([^()\s]*(?:\s+\"[^\"]*\")?\)|\[[^\]\n]*\])"  # link
-    r"|\[\^[^\]\n]*\]"                                   # a footnote reference
-    r"|https?://[^\s）)，。、]+"                          # a bare URL
-    r"|\{\{[\s\S]*?\}\}"                                 # a substitution
-)
+# The blocks whose text is prose (headings, code, math, labels, directive lines are other blocks).
+_PROSE_BLOCKS = {"paragraph_open", "table_open", "dt_open"}
+# A bare URL: Markdown has no token for it (the book's linkify makes it a link in HTML).
+_BARE_URL = re.compile(r"https?://[^\s）)，。、]+")
 
 
 # ------------------------------------------------------------------------------ the glossary
@@ -113,19 +93,13 @@ def parse_glossary(text: str) -> list[Entry]:
         ValueError: not exactly one glossary, or an entry Sphinx would warn about.
     """
     lines = text.split("\n")
-    opens = [(i, m) for i, line in enumerate(lines) if (m := _GLOSSARY_OPEN.match(line))]
-    if len(opens) != 1:
-        raise ValueError(f"expected exactly one {{glossary}} directive, found {len(opens)}")
-    start, match = opens[0]
-    fence = match.group(1)
-    end = next((j for j in range(start + 1, len(lines))
-                if lines[j].strip() and set(lines[j].strip()) == {fence[0]}
-                and len(lines[j].strip()) >= len(fence)), None)
-    if end is None:
-        raise ValueError(f"line {start + 1}: the {{glossary}} directive is not closed")
-    body = start + 1
-    while body < end and _OPTION.match(lines[body]):
-        body += 1
+    found = [b for b in myst.walk(text) if b.directive is not None and b.directive.name == "glossary"]
+    if len(found) != 1:
+        raise ValueError(f"expected exactly one {{glossary}} directive, found {len(found)}")
+    glossary = found[0].directive
+    if not glossary.closed:
+        raise ValueError(f"line {glossary.start + 1}: the {{glossary}} directive is not closed")
+    body, end = glossary.body_line, glossary.body_line + len(glossary.body)
 
     raw: list[tuple[list[tuple[str, int]], list[str]]] = []
     in_definition, was_empty = True, True
@@ -169,12 +143,12 @@ def parse_glossary(text: str) -> list[Entry]:
     return entries
 
 
-def _resolve(path: str | Path, root: str | Path = BOOK_ROOT) -> Path:
+def _resolve(path: str | Path, root: str | Path = ROOT) -> Path:
     path = Path(path)
     return path if path.is_absolute() else Path(root) / path
 
 
-def terms(path: str | Path = GLOSSARY, *, root: str | Path = BOOK_ROOT) -> list[Entry]:
+def terms(path: str | Path = GLOSSARY, *, root: str | Path = ROOT) -> list[Entry]:
     """The entries of the glossary at `path` (relative paths are relative to the book root)."""
     return parse_glossary(_resolve(path, root).read_text(encoding="utf-8"))
 
@@ -195,91 +169,38 @@ def role_target(content: str) -> str:
 
 # ------------------------------------------------------------------------------ prose
 
-def _prose_lines(lines: list[str]) -> list[bool]:
-    """For each line of a markdown cell: may it hold prose? (block structure only)"""
-    prose = [False] * len(lines)
-    containers: list[tuple[str, int]] = []   # open Markdown directives: (fence char, length)
-    code: tuple[str, int] | None = None      # an open code fence or non-Markdown directive
-    math = False
-    options = False                          # right after a directive's opening line
-    for i, line in enumerate(lines):
-        s = line.strip()
-        if code is not None:
-            if s and set(s) == {code[0]} and len(s) >= code[1]:
-                code = None
-            continue
-        if math:
-            math = "$$" not in line
-            continue
-        if options:
-            if _OPTION.match(line):
-                continue
-            options = False
-        if not s or _LABEL_LINE.match(line) or _HEADING.match(line):
-            continue
-        colon = _COLON_OPEN.match(line)
-        if colon:
-            fence = (":", len(colon.group(1)))
-            if colon.group(2) in MARKDOWN_DIRECTIVES:
-                containers.append(fence)
-                options = True
-            else:
-                code = fence
-            continue
-        if set(s) == {":"} and len(s) >= 3:
-            if containers and containers[-1][0] == ":" and len(s) >= containers[-1][1]:
-                containers.pop()
-            continue
-        fenced = _FENCE.match(line)
-        if fenced:
-            fence_chars, info = fenced.group(1), fenced.group(2).strip()
-            directive = re.match(r"^\{([\w\-:]+)\}", info)
-            if directive and directive.group(1) in MARKDOWN_DIRECTIVES:
-                containers.append((fence_chars[0], len(fence_chars)))
-                options = True
-            elif (not info and containers and containers[-1][0] == fence_chars[0]
-                  and len(fence_chars) >= containers[-1][1]):
-                containers.pop()
-            else:
-                code = (fence_chars[0], len(fence_chars))
-            continue
-        if s.startswith("$$"):
-            math = s.count("$$") < 2
-            continue
-        prose[i] = True
-    return prose
+def _prose_blocks(text: str) -> list[tuple[int, int]]:
+    """(first line, end line) of each block of `text` that holds prose: paragraphs (in lists,
+    blockquotes and the bodies of MARKDOWN_DIRECTIVES too), tables, definition-list terms."""
+    return [(b.start, b.end) for b in myst.walk(text, lambda name: name in MARKDOWN_DIRECTIVES)
+            if b.token.type in _PROSE_BLOCKS]
 
 
 def prose_spans(text: str) -> list[tuple[int, int]]:
     """Character ranges of `text` (one markdown cell's source) that are prose.
 
-    Blocks (paragraphs, list items, table rows, admonition bodies) are found line by line;
-    inside each run of prose lines, code spans, roles, math, links, URLs and HTML are cut out.
+    Blocks come from the tokenizer; inside each block, what its inline tokens read as code
+    spans, roles, math, links, images, autolinks, HTML, escapes, substitutions and footnote
+    references is cut out, and so are bare URLs.
     """
     lines = text.split("\n")
-    prose = _prose_lines(lines)
     offsets, at = [], 0
     for line in lines:
         offsets.append(at)
         at += len(line) + 1
     spans: list[tuple[int, int]] = []
-    i = 0
-    while i < len(lines):
-        if not prose[i]:
-            i += 1
-            continue
-        j = i
-        while j + 1 < len(lines) and prose[j + 1]:
-            j += 1
-        start, end = offsets[i], offsets[j] + len(lines[j])
-        pos = start
-        for m in _INLINE_SKIP.finditer(text, start, end):
-            if m.start() > pos:
-                spans.append((pos, m.start()))
-            pos = max(pos, m.end())
-        if pos < end:
-            spans.append((pos, end))
-        i = j + 1
+    for first, last in _prose_blocks(text):
+        start, end = offsets[first], offsets[last - 1] + len(lines[last - 1])
+        block = text[start:end]
+        skips = [(s.start, s.end) for s in myst.inline(block)]
+        skips += [m.span() for m in _BARE_URL.finditer(block)]
+        pos = 0
+        for a, b in sorted(skips):
+            if a > pos:
+                spans.append((start + pos, start + a))
+            pos = max(pos, b)
+        if pos < len(block):
+            spans.append((start + pos, end))
     return spans
 
 
@@ -376,8 +297,8 @@ class Matcher:
 
 def term_roles(text: str, entries: list[Entry]) -> list[tuple[str, Entry | None]]:
     """The `{term}` roles in `text`: (the name the role targets, its entry or None)."""
-    return [(role_target(m.group(1)), find_entry(entries, role_target(m.group(1))))
-            for m in _TERM_ROLE.finditer(text)]
+    return [(role_target(content), find_entry(entries, role_target(content)))
+            for name, content in roles(text) if name == "term"]
 
 
 def term_link(use: Use) -> str:
@@ -389,12 +310,7 @@ def term_link(use: Use) -> str:
 
 # ------------------------------------------------------------------------------ notebooks
 
-def _source(cell) -> str:
-    src = cell.get("source", "")
-    return "".join(src) if isinstance(src, list) else src
-
-
-def chapter_paths(root: str | Path = BOOK_ROOT) -> list[Path]:
+def chapter_paths(root: str | Path = ROOT) -> list[Path]:
     """chapters/NN_slug.ipynb under `root`, in order."""
     return sorted((Path(root) / "chapters").glob(CHAPTER_GLOB))
 
@@ -406,27 +322,27 @@ def link_notebook(nb, entries: list[Entry]) -> list[str]:
     """
     markdown = [(i, cell) for i, cell in enumerate(nb.cells) if cell.cell_type == "markdown"]
     linked = {entry.key for _, cell in markdown
-              for _, entry in term_roles(_source(cell), entries) if entry is not None}
+              for _, entry in term_roles(cell_source(cell), entries) if entry is not None}
     matcher = Matcher(entries)
     first: dict[str, tuple[int, Use]] = {}
     for i, cell in markdown:
         if i < FIRST_PROSE_CELL:
             continue
-        for use in matcher.uses(_source(cell)):
+        for use in matcher.uses(cell_source(cell)):
             if use.key not in linked and use.key not in first:
                 first[use.key] = (i, use)
     by_cell: dict[int, list[Use]] = {}
     for i, use in first.values():
         by_cell.setdefault(i, []).append(use)
     for i, uses in by_cell.items():
-        text = _source(nb.cells[i])
+        text = cell_source(nb.cells[i])
         for use in sorted(uses, key=lambda u: u.start, reverse=True):
             text = text[:use.start] + term_link(use) + text[use.end:]
         nb.cells[i].source = text
     return [key for key, _ in sorted(first.items(), key=lambda kv: (kv[1][0], kv[1][1].start))]
 
 
-def chapter_uses(root: str | Path = BOOK_ROOT, glossary: str | Path | None = None) -> dict[str, set[str]]:
+def chapter_uses(root: str | Path = ROOT, glossary: str | Path | None = None) -> dict[str, set[str]]:
     """{chapter file name: keys of the entries it uses} (a {term} role or an unlinked use)."""
     entries = terms(glossary or GLOSSARY, root=root)
     matcher = Matcher(entries)
@@ -437,7 +353,7 @@ def chapter_uses(root: str | Path = BOOK_ROOT, glossary: str | Path | None = Non
         for i, cell in enumerate(nb.cells):
             if cell.cell_type != "markdown":
                 continue
-            text = _source(cell)
+            text = cell_source(cell)
             used |= {entry.key for _, entry in term_roles(text, entries) if entry is not None}
             if i >= FIRST_PROSE_CELL:
                 used |= {use.key for use in matcher.uses(text)}
@@ -445,7 +361,7 @@ def chapter_uses(root: str | Path = BOOK_ROOT, glossary: str | Path | None = Non
     return result
 
 
-def link_first_uses(check_only: bool = False, *, root: str | Path = BOOK_ROOT,
+def link_first_uses(check_only: bool = False, *, root: str | Path = ROOT,
                     glossary: str | Path | None = None) -> dict[Path, list[str]]:
     """Link the first use of every glossary term in each root/chapters/NN_*.ipynb.
 
@@ -472,7 +388,7 @@ def link_first_uses(check_only: bool = False, *, root: str | Path = BOOK_ROOT,
 
 # ------------------------------------------------------------------------------ labels
 
-def book_labels(root: str | Path = BOOK_ROOT) -> dict[str, str]:
+def book_labels(root: str | Path = ROOT) -> dict[str, str]:
     """{label: document} for everything a {ref} can point to (chapters, index.md, appendix/*.md):
     the Colab edition's label index, minus equation labels."""
     return {label: target.doc for label, target in book_index(root).targets.items()
@@ -491,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     changed = link_first_uses(check_only=args.check)
     verb = "would link" if args.check else "linked"
     for path, keys in changed.items():
-        print(f"{path.relative_to(BOOK_ROOT)}: {verb} {len(keys)}: {'、'.join(keys)}")
+        print(f"{path.relative_to(ROOT)}: {verb} {len(keys)}: {'、'.join(keys)}")
     print(f"{len(changed)} chapter(s) {'out of date' if args.check else 'rewritten'}")
     return 1 if (args.check and changed) else 0
 

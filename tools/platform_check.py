@@ -13,8 +13,8 @@ README promises "only Python and git". For each target (platform tag, Python ver
    not pinned; pip resolves them when it installs.
 
 Usage:
-    python tools/platform_check.py                       # the default targets
-    python tools/platform_check.py macosx_14_0_arm64:3.12
+    python -m tools.platform_check                       # the default targets
+    python -m tools.platform_check macosx_14_0_arm64:3.12
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-BOOK_ROOT = Path(__file__).resolve().parent.parent
-REQUIREMENTS = BOOK_ROOT / "requirements.txt"
+from tools import ROOT
+
+REQUIREMENTS = ROOT / "requirements.txt"
 # Pinned packages published only as source archives of pure Python (no platform wheels needed).
 PURE_SDISTS = {"jieba"}
 # (pip platform tag, Python version): the oldest and newest Python the pins support, on the two

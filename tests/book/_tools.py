@@ -1,21 +1,18 @@
-"""Load the book's scripts in tools/ for the tests in this folder."""
+"""The tests in this folder import the book's tools as the package they are (`from tools import
+glossary`); importing this module first makes the repository root importable however pytest was
+started (`python -m pytest` from the root already has it on sys.path; the `pytest` script does not).
+"""
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import sys
 from pathlib import Path
 
-TOOLS = Path(__file__).resolve().parents[2] / "tools"
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
 
 def load_tool(name: str):
-    """Import tools/<name>.py as module `name` (tools/ is not a package; its scripts import each other)."""
-    if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(TOOLS / f"{name}.py"):
-        return sys.modules[name]
-    if str(TOOLS) not in sys.path:
-        sys.path.insert(0, str(TOOLS))
-    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    """The module tools.<name> (kept for callers that name a tool by string)."""
+    return importlib.import_module(f"tools.{name}")

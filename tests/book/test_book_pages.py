@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import _tools  # noqa: F401  (the repository root on sys.path)
 import pytest
-from _tools import load_tool
 from docutils import nodes
 
-book_pages = load_tool("book_pages")
-join = book_pages.join_cjk_lines
+from tools import book_pages
+from tools.cjk import join_cjk_lines as join
 
 
 @pytest.mark.parametrize("texts, expected", [

@@ -18,21 +18,17 @@ import shutil
 from pathlib import Path
 
 import nbformat
-from _tools import load_tool
 import pytest
+from _tools import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
+from tools import colab, colab_sim
+from tools import colab_edition as edition
+from tools.bibliography import Bibliography
+from tools.book_index import book_index
+from tools.book_index import cell_source as _source
+from tools.cjk import join_chinese_lines
+
 CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
-
-
-
-colab = load_tool("colab")
-edition = load_tool("colab_edition")
-
-
-def _source(cell) -> str:
-    src = cell.get("source", "")
-    return "".join(src) if isinstance(src, list) else src
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +140,7 @@ def test_converter_output(book):
 
 
 def test_converter_rejects_unknown_directives_and_labels(book, tmp_path):
-    index, bib = edition.book_index(book), edition.Bibliography(book / "references.bib")
+    index, bib = book_index(book), Bibliography(book / "references.bib")
     conv = edition.Converter("chapters/02_two", index, bib, colab.repository(book / "_config.yml"))
     with pytest.raises(ValueError, match="glue"):
         conv.convert(":::{glue} x\n:::")
@@ -155,7 +151,7 @@ def test_converter_rejects_unknown_directives_and_labels(book, tmp_path):
 def test_find_myst_flags_each_kind():
     sample = "(sec-x)=\n# t\n{cite}`a`\n:::{note}\n:::\n```{math}\n```\n$$ a $$ (eq-a)\n:class: warning"
     kinds = {hit.split(":")[0] for hit in edition.find_myst(sample)}
-    assert kinds == set(edition.MYST_PATTERNS)
+    assert kinds == set(edition.MYST_KINDS)
 
 
 def test_sync_writes_and_removes(book):
@@ -183,8 +179,7 @@ def _chosen_chapters() -> list[str]:
 def test_colab_simulation(name):
     if name is None:
         pytest.skip("set ATTNBOOK_COLAB_CHAPTERS=all (or 04,06), or run `python3 make.py colab-test`")
-    sim = load_tool("colab_sim")
-    report = sim.run_chapter(name[:2])          # raises AssertionError with the details
+    report = colab_sim.run_chapter(name[:2])          # raises AssertionError with the details
     print(json.dumps(report, indent=1))
     assert report["before"] == report["after"]
     assert report["widget_images"] >= 1
@@ -204,4 +199,4 @@ def test_colab_simulation(name):
     ("公式\n$x$ 的值", "公式\n$x$ 的值"),
 ])
 def test_chinese_lines_are_joined_only_inside_paragraphs(text, expected):
-    assert edition.join_chinese_lines(text) == expected
+    assert join_chinese_lines(text) == expected

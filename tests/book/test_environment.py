@@ -45,7 +45,9 @@ def _load(name: str, path: Path):
 
 
 make = _load("attnbook_make", ROOT / "make.py")
-platform_check = _load("attnbook_platform_check", ROOT / "tools" / "platform_check.py")
+import _tools  # noqa: E402,F401  (the repository root on sys.path)
+from tools import platform_check  # noqa: E402
+
 HAS_NBSTRIPOUT = importlib.util.find_spec("nbstripout") is not None
 
 

@@ -8,15 +8,14 @@ check is shown to fail on a copy of the source with that property broken.
 from __future__ import annotations
 
 import copy
+import importlib
 from pathlib import Path
 
 import pytest
 import yaml
+from _tools import ROOT
 
-from _tools import load_tool
-
-ROOT = Path(__file__).resolve().parents[2]
-errata = load_tool("errata")
+from tools import errata
 
 
 @pytest.fixture(scope="module")
@@ -168,8 +167,11 @@ def test_the_page_renders_every_table_once():
 
 
 def test_book_config_loads_the_extension():
-    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
-    assert config["sphinx"]["local_extensions"].get("errata") == "tools"
+    extensions = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))["sphinx"]["local_extensions"]
+    assert extensions.get("tools.errata") == "."              # the package tools/, from the book root
+    for name, path in extensions.items():                    # Sphinx imports `name` with `path` on sys.path
+        assert (ROOT / path / (name.replace(".", "/") + ".py")).is_file(), name
+        assert callable(importlib.import_module(name).setup), name
 
 
 def test_every_erratum_box_links_its_chapters_errata_section():

@@ -12,14 +12,12 @@ import re
 from pathlib import Path
 
 import nbformat
-from _tools import load_tool
 import pytest
+from _tools import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-
-glossary = load_tool("glossary")
+from tools import colab_edition as edition
+from tools import glossary
+from tools.book_index import BookIndex
 
 _CJK = re.compile(r"[\u4e00-\u9fff]")
 
@@ -107,7 +105,7 @@ def test_term_roles_in_chapters_name_glossary_terms(entries):
 def test_chapters_link_the_first_use_of_every_term():
     changed = glossary.link_first_uses(check_only=True)
     report = {p.name: f"{len(keys)} ({'、'.join(keys[:4])}…)" for p, keys in changed.items()}
-    assert not changed, f"first uses not linked yet, run `python3 make.py colab` (or `python tools/glossary.py`): {report}"
+    assert not changed, f"first uses not linked yet, run `python3 make.py colab` (or `python -m tools.glossary`): {report}"
 
 
 # ------------------------------------------------------------------------------ the linker
@@ -390,7 +388,7 @@ def test_cli_check_reports_and_fails(tmp_path, monkeypatch, capsys):
     (tmp_path / "appendix" / "glossary.md").write_text(SAMPLE_GLOSSARY, encoding="utf-8")
     (tmp_path / "chapters").mkdir()
     _chapter(tmp_path / "chapters" / "01_a.ipynb", ["注意力"])
-    monkeypatch.setattr(glossary, "BOOK_ROOT", tmp_path)
+    monkeypatch.setattr(glossary, "ROOT", tmp_path)
     monkeypatch.setattr(glossary.link_first_uses, "__kwdefaults__",
                         {**glossary.link_first_uses.__kwdefaults__, "root": tmp_path})
     assert glossary.main(["--check"]) == 1
@@ -402,8 +400,7 @@ def test_cli_check_reports_and_fails(tmp_path, monkeypatch, capsys):
 # ------------------------------------------------------------------------------ the Colab edition
 
 def test_colab_edition_turns_term_roles_into_their_text():
-    edition = load_tool("colab_edition")
-    converter = edition.Converter("chapters/01_a", edition.BookIndex(), None, None)
+    converter = edition.Converter("chapters/01_a", BookIndex(), None, None)
     line = "看{term}`注意力`、{term}`LayerNorm <层归一化>`和 `{term}` 代码。"
     assert converter.inline(line) == "看注意力、LayerNorm和 `{term}` 代码。"
     assert not edition.find_myst(converter.inline(line))

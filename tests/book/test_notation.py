@@ -9,23 +9,16 @@ which chapter introduces each symbol, so it must link every chapter 01-10 at lea
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import nbformat
 import pytest
-from _tools import load_tool
+from _tools import ROOT
 
-edition = load_tool("colab_edition")        # the book's one label index and role parser
+from tools import book_index as index     # the book's one label index and role parser
 
-ROOT = Path(__file__).resolve().parents[2]
 NOTATION = ROOT / "appendix" / "notation.md"
 CHAPTERS = sorted((ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"))
-
-SECTION_LABEL = re.compile(r"^[ \t]*\(([^()\s]+)\)=[ \t]*$", re.M)            # (sec-ch04-masks)=
-NAME_OPTION = re.compile(r"^[ \t]*:name:[ \t]*(\S+)[ \t]*$", re.M)              # :name: err-ch04-masks
-EQUATION_LABEL = re.compile(r"\$\$[ \t]*\(([A-Za-z][\w.:\-]*)\)[ \t]*$", re.M)  # $$ (eq-ch04-scores)
-MATH_LABEL = re.compile(r"^[ \t]*:label:[ \t]*(\S+)[ \t]*$", re.M)              # ```{math} :label: …
 
 
 def _markdown_of(path: Path) -> str:
@@ -41,16 +34,17 @@ def _sources() -> list[Path]:
 
 def _labels(text: str) -> tuple[set[str], set[str]]:
     """(labels `{ref}` can reach, labels `{eq}` can reach) defined in one source's markdown."""
-    refs = set(SECTION_LABEL.findall(text)) | set(NAME_OPTION.findall(text))
-    eqs = set(EQUATION_LABEL.findall(text)) | set(MATH_LABEL.findall(text))
-    return refs, eqs
+    found = index.BookIndex()
+    index.scan_markdown(text, "source", found, {"equation": 0})
+    eqs = {label for label, target in found.targets.items() if target.kind == "equation"}
+    return set(found.targets) - eqs, eqs
 
 
 @pytest.fixture(scope="module")
 def book_labels() -> dict[str, dict[str, Path]]:
     """{"ref": {label: source}, "eq": {label: source}} over every source of the book."""
     found: dict[str, dict[str, Path]] = {"ref": {}, "eq": {}}
-    for label, target in edition.book_index(ROOT).targets.items():
+    for label, target in index.book_index(ROOT).targets.items():
         source = ROOT / (target.doc + (".ipynb" if target.doc.startswith("chapters/") else ".md"))
         found["eq" if target.kind == "equation" else "ref"][label] = source
     return found
@@ -58,7 +52,7 @@ def book_labels() -> dict[str, dict[str, Path]]:
 
 def _roles(text: str) -> list[tuple[str, str, str | None]]:
     """[(role, target, explicit text or None)] for every {ref}/{eq} in ``text``."""
-    return [(role, label, explicit) for role, explicit, label in edition.role_targets(text, ("ref", "eq"))]
+    return [(role, label, explicit) for role, explicit, label in index.role_targets(text, ("ref", "eq"))]
 
 
 @pytest.fixture(scope="module")
