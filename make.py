@@ -170,7 +170,7 @@ def library_fingerprint() -> str:
 
 def build_book(strict: bool = True) -> None:
     say("building the HTML book (notebooks executed, warnings are errors)")
-    run([PY, "tools/book_assets.py"])
+    run([PY, "-m", "tools.book_assets"])
     cmd = [BIN / "jupyter-book", "build", ".", "--keep-going"]
     # jupyter-cache keys a notebook on its own code cells only, so a library change would leave
     # stale outputs (shown source, printed numbers). When lib/ changed, re-execute everything.
@@ -250,9 +250,7 @@ def main(argv: list[str]) -> None:
     elif target == "html":
         test_html()
     elif target == "colab":
-        run([PY, "tools/colab.py"])
-        run([PY, "tools/glossary.py"])          # link each glossary term's first use per chapter
-        run([PY, "tools/colab_edition.py"])
+        run([PY, "-m", "tools.regenerate"])     # badges/setup cells, glossary first-use links, colab/
     elif target == "colab-test":
         chapters = [a for a in argv[2:] if not a.startswith("--") and a != torch_index(argv)]
         test_colab(chapters or ["all"])
