@@ -10,6 +10,8 @@ import inspect
 import textwrap
 from pathlib import Path
 
+from ._checks import check_bool
+
 __all__ = ["show_source", "source_of"]
 
 _PKG_ROOT = Path(__file__).resolve().parent
@@ -52,6 +54,7 @@ def show_source(obj, *, display: bool = True):
     from IPython.display import Markdown
     from IPython.display import display as ipy_display
 
+    display = check_bool("display", display, fn="show_source")
     src, caption, first = source_of(obj)
     last = first + src.count("\n") - 1
     fence = "````" if "```" in src else "```"

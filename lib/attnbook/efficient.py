@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_attention_args, check_bool, check_float, check_int, check_tensor
+from ._checks import (check_attention_args, check_bool, check_bool_mask, check_device, check_float, check_int,
+                      check_tensor)
 
 __all__ = [
     "elu_feature_map", "fixed_mask", "global_token_mask", "linear_attention",
@@ -23,14 +24,6 @@ __all__ = [
     "mask_nnz", "receptive_distance", "receptive_field", "sliding_window_mask",
     "sliding_window_nnz", "strided_mask", "strided_nnz",
 ]
-
-
-def _bool_mask(fn: str, name: str, mask, ndim: int | None = None) -> None:
-    check_tensor(name, mask, fn=fn, floating=False)
-    if mask.dtype != torch.bool:
-        raise TypeError(f"{fn}: `{name}` must be a bool tensor (True = may attend), got dtype {mask.dtype}")
-    if ndim == 2 and (mask.ndim != 2 or mask.shape[0] != mask.shape[1]):
-        raise ValueError(f"{fn}: `{name}` must be a square (T, T) mask, got shape {tuple(mask.shape)}")
 
 
 def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
@@ -51,7 +44,7 @@ def _validate(fn, q, k, v, mask, causal, feature_map, eps) -> None:
         check_tensor("k", k, fn=fn, min_ndim=2)
         v = k[..., :1]
     if mask is not None:
-        _bool_mask(fn, "mask", mask)
+        check_bool_mask("mask", mask, fn=fn)
     check_attention_args(q, k, v, mask, fn=fn)
     check_bool("causal", causal, fn=fn)
     if q.shape[-2] < 1 or k.shape[-2] < 1:
@@ -137,7 +130,7 @@ def linear_attention_quadratic(q, k, v, *, mask=None, causal=False, feature_map=
 
 
 def linear_attention(q, k, v, *, mask=None, causal=False, feature_map=elu_feature_map, eps=0.0):
-    """Linear attention with a non-negative feature map (chapter 09; Katharopoulos et al. 2020).
+    """Linear attention with a non-negative feature map (chapter 09, eq-ch09-linear; Katharopoulos et al. 2020).
 
     out_i = phi(q_i)^T S / (phi(q_i)^T z),  S = sum_j phi(k_j) v_j^T  (F, Dv),  z = sum_j phi(k_j)  (F,)
     Right-associated: O((Tq + Tk) F Dv) time instead of O(Tq Tk (F + Dv)). With ``causal`` the
@@ -180,7 +173,7 @@ def linear_attention(q, k, v, *, mask=None, causal=False, feature_map=elu_featur
 
 
 def linear_attention_recurrent(q, k, v, *, mask=None, causal=False, feature_map=elu_feature_map, eps=0.0):
-    """Linear attention as an explicit loop over positions with an O(F Dv) state (chapter 09).
+    """Linear attention as an explicit loop over positions with an O(F Dv) state (chapter 09, eq-ch09-linear-rnn).
 
     S <- S + phi(k_j) v_j^T,  z <- z + phi(k_j),  out_i = phi(q_i)^T S / (phi(q_i)^T z).
     With ``causal`` the keys j <= i are added before query i reads the state (an RNN);
@@ -230,6 +223,7 @@ def linear_attention_denominator(q, k, *, mask=None, causal=False, feature_map=e
 
 def _offsets(fn: str, t, device, causal) -> torch.Tensor:
     check_bool("causal", causal, fn=fn)
+    check_device("device", device, fn=fn)
     t = check_int("t", t, fn=fn, minimum=1)
     pos = torch.arange(t, device=device)
     return pos[:, None] - pos[None, :]  # (t, t)  d_ij = i - j
@@ -297,8 +291,9 @@ def global_token_mask(t, global_tokens, *, base=None, device=None) -> torch.Tens
     """
     fn = "global_token_mask"
     t = check_int("t", t, fn=fn, minimum=1)
+    check_device("device", device, fn=fn)
     if base is not None:
-        _bool_mask(fn, "base", base, ndim=2)
+        check_bool_mask("base", base, fn=fn, square=True)
         if base.shape[0] != t:
             raise ValueError(f"{fn}: `base` must have shape ({t}, {t}), got {tuple(base.shape)}")
         device = base.device
@@ -321,7 +316,7 @@ def global_token_mask(t, global_tokens, *, base=None, device=None) -> torch.Tens
 
 def mask_nnz(mask) -> int:
     """Number of allowed (query, key) pairs: the cost of a sparse pattern (chapter 09)."""
-    _bool_mask("mask_nnz", "mask", mask)
+    check_bool_mask("mask", mask, fn="mask_nnz")
     return int(mask.sum().item())
 
 
@@ -363,13 +358,16 @@ def receptive_field(mask, layers) -> torch.Tensor:
     Args: mask: bool (T, T), True = may attend; layers: L >= 0 (L = 0 gives I).
     Returns: bool (T, T).
     """
-    _bool_mask("receptive_field", "mask", mask, ndim=2)
+    check_bool_mask("mask", mask, fn="receptive_field", square=True)
     layers = check_int("layers", layers, fn="receptive_field", minimum=0)
     eye = torch.eye(mask.shape[0], dtype=torch.bool, device=mask.device)
     step = (mask | eye).float()
     reach = eye
     for _ in range(layers):
-        reach = (reach.float() @ step) > 0  # R_l = R_{l-1} (M or I), counts <= T are exact in float32
+        grown = (reach.float() @ step) > 0  # R_l = R_{l-1} (M or I), counts <= T are exact in float32
+        if torch.equal(grown, reach):  # a fixed point: more layers reach nothing new
+            break
+        reach = grown
     return reach
 
 

@@ -16,18 +16,27 @@ __all__ = ["bar_plot", "heatmap", "hist_plot", "line_plot", "new_figure", "to_nu
 
 
 def to_numpy(x, *, name: str = "x", fn: str = "to_numpy") -> np.ndarray:
-    """A float numpy array from a real tensor, array or sequence of numbers (detached, on the CPU)."""
+    """A float numpy array from a real tensor, array or (rectangular) sequence of numbers (detached, on the CPU)."""
     if hasattr(x, "detach"):
         x = x.detach().cpu()
         if x.dtype.is_floating_point:  # bfloat16 / float16 have no (or a lossy) numpy twin
             x = x.double()
         x = x.numpy()
-    if isinstance(x, (str, bytes)) or np.iscomplexobj(x):
+    if x is None or isinstance(x, (str, bytes)):
         raise TypeError(f"{fn}: `{name}` must hold real numbers, got {type(x).__name__} {x!r:.60}")
     try:
-        return np.asarray(x, dtype=float)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"{fn}: `{name}` must hold real numbers, got {type(x).__name__} ({exc})") from None
+        arr = np.asarray(x)
+    except ValueError:  # numpy: "inhomogeneous shape"
+        raise ValueError(f"{fn}: `{name}` must be rectangular (rows of equal length, like an array), got "
+                         f"ragged rows {x!r:.60}") from None
+    if arr.dtype == object and any(v is None for v in arr.ravel()):  # astype(float) would make None a NaN
+        raise TypeError(f"{fn}: `{name}` must hold real numbers, got None in {x!r:.60}")
+    if np.iscomplexobj(arr):
+        raise TypeError(f"{fn}: `{name}` must hold real numbers, got complex values {x!r:.60}")
+    try:
+        return arr.astype(float)
+    except (TypeError, ValueError):
+        raise TypeError(f"{fn}: `{name}` must hold real numbers, got {type(x).__name__} {x!r:.60}") from None
 
 
 def new_figure(nrows: int = 1, ncols: int = 1, *, figsize=None, **kwargs):
@@ -37,6 +46,11 @@ def new_figure(nrows: int = 1, ncols: int = 1, *, figsize=None, **kwargs):
     nrows, ncols = check_int("nrows", nrows, fn="new_figure"), check_int("ncols", ncols, fn="new_figure")
     if figsize is None:
         figsize = (4.2 * ncols, 3.4 * nrows)
+    elif (isinstance(figsize, (str, bytes)) or not hasattr(figsize, "__len__") or len(figsize) != 2
+          or not all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+                     and np.isfinite(v) and v > 0 for v in figsize)):
+        raise ValueError(f"new_figure: `figsize` must be (width, height) in inches, two finite numbers > 0, "
+                         f"got {figsize!r}")
     fig, axes = plt.subplots(nrows, ncols, figsize=figsize, squeeze=True, **kwargs)
     plt.close(fig)
     return fig, axes
@@ -44,6 +58,10 @@ def new_figure(nrows: int = 1, ncols: int = 1, *, figsize=None, **kwargs):
 
 def _axes(ax, figsize):
     if ax is not None:
+        from matplotlib.axes import Axes
+
+        if not isinstance(ax, Axes):
+            raise TypeError(f"plotting: `ax` must be a matplotlib Axes or None, got {type(ax).__name__}")
         return ax.figure, ax
     fig, ax = new_figure(figsize=figsize, layout="constrained")
     return fig, ax
@@ -67,8 +85,8 @@ def heatmap(matrix, *, ax=None, xlabel="key $j$", ylabel="query $i$", title=None
             colorbar=True, vmin=None, vmax=None, xticklabels=None, yticklabels=None, figsize=(4.2, 3.6)):
     """A matrix as an image, row i = query i (e.g. attention weights ``A``). Returns the Figure."""
     m = to_numpy(matrix, name="matrix", fn="heatmap")
-    if m.ndim != 2:
-        raise ValueError(f"heatmap: `matrix` must be 2-D, got shape {m.shape}")
+    if m.ndim != 2 or m.size == 0:
+        raise ValueError(f"heatmap: `matrix` must be 2-D and non-empty, got shape {m.shape}")
     fig, ax = _axes(ax, figsize)
     im = ax.imshow(m, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
     _label(ax, xlabel=xlabel, ylabel=ylabel, title=title)

@@ -34,13 +34,22 @@ def is_static() -> bool:
     return False
 
 
+def _as_python(x):
+    """numpy scalars as the Python bool / int / float they hold (a slider bound may be ``np.int64(8)``)."""
+    return x.item() if isinstance(x, (np.bool_, np.integer, np.floating)) else x
+
+
 def _check_control(name, spec):
+    """Validate one control; returns it with numpy scalars turned into Python ones."""
+    spec = _as_python(spec)
+    if isinstance(spec, tuple):
+        spec = tuple(_as_python(x) for x in spec)
     if isinstance(spec, bool):
-        return
+        return spec
     if isinstance(spec, str):
         if "\n" in spec or "\r" in spec:
             raise ValueError(f"explore: text control `{name}` takes one line of text, got {spec!r}")
-        return
+        return spec
     if isinstance(spec, tuple):
         if len(spec) not in (2, 3) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
                                               and math.isfinite(x) for x in spec):
@@ -50,11 +59,11 @@ def _check_control(name, spec):
             raise ValueError(f"explore: control `{name}` needs min < max, got {spec!r}")
         if len(spec) == 3 and not 0 < spec[2] <= spec[1] - spec[0]:
             raise ValueError(f"explore: control `{name}` needs 0 < step <= max - min, got {spec!r}")
-        return
+        return spec
     if isinstance(spec, list):
         if not spec:
             raise ValueError(f"explore: control `{name}` is an empty list")
-        return
+        return [_as_python(x) for x in spec]
     raise TypeError(
         f"explore: control `{name}` must be a (min, max[, step]) tuple, a list of options, a bool "
         f"or a str (a text box), got {spec!r}"
@@ -78,6 +87,12 @@ def _default(fn, name, spec):
 
 def static_settings(fn, controls: Mapping[str, object], limit: int = 4) -> list[dict]:
     """Representative settings: the defaults, then each control moved to its extremes."""
+    if not callable(fn):
+        raise TypeError(f"static_settings: `fn` must be callable, got {type(fn).__name__}")
+    if not isinstance(controls, Mapping):
+        raise TypeError(f"static_settings: `controls` must be a dict {{name: control}}, got {type(controls).__name__}")
+    limit = check_int("limit", limit, fn="static_settings")
+    controls = {name: _check_control(name, spec) for name, spec in controls.items()}
     base = {name: _default(fn, name, spec) for name, spec in controls.items()}
     settings = [dict(base)]
     for name, spec in controls.items():
@@ -152,16 +167,17 @@ def _make_widget(name, spec, value):
     return W.FloatSlider(value=float(value), min=lo, max=hi, step=step, description=desc, continuous_update=False)
 
 
-def _validate(fn, static, columns, controls) -> None:
-    """Every check of ``explore``'s arguments, before anything is drawn."""
+def _validate(fn, static, columns, controls) -> dict:
+    """Every check of ``explore``'s arguments, before anything is drawn; returns the controls
+    with numpy scalars as Python numbers."""
     if not callable(fn):
         raise TypeError(f"explore: `fn` must be callable, got {type(fn).__name__}")
     if not controls:
         raise ValueError("explore: give at least one control, e.g. explore(fn, n=(8, 128))")
     params = inspect.signature(fn).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    for name, spec in controls.items():
-        _check_control(name, spec)
+    controls = {name: _check_control(name, spec) for name, spec in controls.items()}
+    for name in controls:
         if not takes_any and name not in params:
             raise TypeError(f"explore: control `{name}` is not a parameter of fn{inspect.signature(fn)}")
     if columns is not None:
@@ -178,6 +194,7 @@ def _validate(fn, static, columns, controls) -> None:
                 if isinstance(controls[name], str) and not isinstance(value, str):
                     raise TypeError(f"explore: static setting {s}: text control `{name}` needs a "
                                     f"str, got {value!r}")
+    return controls
 
 
 def _png(fig) -> bytes:
@@ -267,7 +284,7 @@ def explore(fn: Callable[..., object], *, static: Sequence[Mapping[str, object]]
         controls and the Output area that shows the figure) or the static small-multiples Figure
         (``ATTNBOOK_STATIC=1`` or no ipywidgets).
     """
-    _validate(fn, static, columns, controls)
+    controls = _validate(fn, static, columns, controls)
     display = check_bool("display", display, fn="explore")
     if is_static():
         settings = list(static) if static is not None else static_settings(fn, controls)
