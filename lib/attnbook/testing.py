@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from ._checks import check_tensor
+from ._checks import check_choice, check_float, check_tensor
 
 __all__ = [
     "assert_close_to_reference", "max_abs_error", "rounding_step", "relative_error",
@@ -91,8 +91,7 @@ def assert_close_to_reference(
         check_tensor(arg, t, fn=fn, min_ndim=0)
     if reference.dtype != torch.float64:
         raise TypeError(f"{fn}: `reference` must be float64 (the truth), got {reference.dtype}")
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (math.isfinite(factor) and factor >= 1):
-        raise ValueError(f"{fn}: `factor` must be a finite number >= 1, got {factor!r}")
+    factor = check_float("factor", factor, fn=fn, minimum=1.0)
     if not (actual.shape == naive.shape == reference.shape):
         raise ValueError(
             f"assert_close_to_reference: shapes differ: actual {tuple(actual.shape)}, "
@@ -136,6 +135,7 @@ def qkv(b=2, h=3, tq=7, tk=9, d=5, dv=4, *, dtype=torch.float64, seed=0, scale=1
 
 def make_mask(kind, b, h, tq, tk, seed=0):
     """None, a random bool mask (True = attend) or an additive float mask with some -inf, ``(b, 1, tq, tk)``."""
+    check_choice("kind", kind, (None, "bool", "float"), fn="make_mask")
     if kind is None:
         return None
     g = torch.Generator().manual_seed(seed + 10)
