@@ -181,35 +181,40 @@ def test_parse_glossary_rejects_what_sphinx_would_warn_about(bad, message):
         glossary.parse_glossary(bad)
 
 
-def test_first_use_is_linked_once(sample):
-    out = _linked("注意力是机制。注意力有三步。", sample)
-    assert out == "{term}`注意力`是机制。注意力有三步。"
-
-
-def test_longest_term_wins(sample):
+# (text, the text with its first uses linked)
+LINKED = {
+    "first use linked once": ("注意力是机制。注意力有三步。", "{term}`注意力`是机制。注意力有三步。"),
     # 自注意力 contains 注意力: the first 注意力 on its own comes later
-    out = _linked("自注意力先出现，然后是注意力。", sample)
-    assert out == "{term}`自注意力`先出现，然后是{term}`注意力`。"
-    assert _linked("只有自注意力。", sample) == "只有{term}`自注意力`。"
+    "longest term wins": ("自注意力先出现，然后是注意力。", "{term}`自注意力`先出现，然后是{term}`注意力`。"),
+    "longest term only": ("只有自注意力。", "只有{term}`自注意力`。"),
     # 注意力权重 and 注意力 start alike: the longer one is tried first
-    assert _linked("注意力权重之后是注意力。", sample) == "{term}`注意力权重`之后是{term}`注意力`。"
+    "longer of two alike": ("注意力权重之后是注意力。", "{term}`注意力权重`之后是{term}`注意力`。"),
+    "alias links to the key": ("每个子层后接 LayerNorm，也叫层归一化。",
+                               "每个子层后接 {term}`LayerNorm <层归一化>`，也叫层归一化。"),
+    "ascii terms stand alone": ("self-attentions 与 my-Pre-LN 与 Pre-LNx 都不算。",
+                                "self-attentions 与 my-Pre-LN 与 Pre-LNx 都不算。"),
+    "ascii term alone": ("两层 Pre-LN 模型。", "两层 {term}`Pre-LN` 模型。"),
+    "one-character key only where glossed": ("按键盘上的键。查询与键（key）做点积。", "按键盘上的键。查询与{term}`键`（key）做点积。"),
+    "one-character key, ASCII parentheses": ("键(Key)也行。", "{term}`键`(Key)也行。"),
+    "roles, links, URLs and HTML are not prose": (
+        "见{ref}`注意力 <sec-x>`、{eq}`注意力`、[注意力](https://x.org/注意力)、"
+        "<https://注意力.org>、https://x.org/注意力、<b title=\"注意力\">粗</b>。注意力。",
+        "见{ref}`注意力 <sec-x>`、{eq}`注意力`、[注意力](https://x.org/注意力)、"
+        "<https://注意力.org>、https://x.org/注意力、<b title=\"注意力\">粗</b>。{term}`注意力`。"),
+    # `称为**注意力**，` would become `称为**{term}`…`**，`, which CommonMark does not read as bold
+    "emphasis is not broken": ("称为**注意力**，后面的注意力。", "称为**注意力**，后面的{term}`注意力`。"),
+    # with punctuation or space outside the delimiters the link can go inside
+    "emphasis after a space": ("叫作 **注意力**。", "叫作 **{term}`注意力`**。"),
+    "emphasis inside punctuation": ("（**注意力**）", "（**{term}`注意力`**）"),
+    # `注意力`x`` would become `{term}`注意力``x``: the two backticks would make one run
+    "term right before a code span": ("注意力`x` 与 `y`注意力。", "注意力`x` 与 `y`{term}`注意力`。"),
+}
 
 
-def test_alias_links_to_the_key(sample):
-    out = _linked("每个子层后接 LayerNorm，也叫层归一化。", sample)
-    assert out == "每个子层后接 {term}`LayerNorm <层归一化>`，也叫层归一化。"
-
-
-def test_ascii_terms_must_stand_alone(sample):
-    assert _linked("self-attentions 与 my-Pre-LN 与 Pre-LNx 都不算。", sample) == \
-        "self-attentions 与 my-Pre-LN 与 Pre-LNx 都不算。"
-    assert _linked("两层 Pre-LN 模型。", sample) == "两层 {term}`Pre-LN` 模型。"
-
-
-def test_one_character_key_only_where_glossed(sample):
-    out = _linked("按键盘上的键。查询与键（key）做点积。", sample)
-    assert out == "按键盘上的键。查询与{term}`键`（key）做点积。"
-    assert _linked("键(Key)也行。", sample) == "{term}`键`(Key)也行。"
+@pytest.mark.parametrize("case", LINKED)
+def test_first_uses_are_linked(sample, case):
+    text, expected = LINKED[case]
+    assert _linked(text, sample) == expected
 
 
 def test_headings_labels_and_code_are_not_prose(sample):
@@ -249,13 +254,6 @@ def test_math_is_not_prose(sample):
     assert out == text.replace("，注意力。", "，{term}`注意力`。")
 
 
-def test_roles_links_urls_and_html_are_not_prose(sample):
-    text = ("见{ref}`注意力 <sec-x>`、{eq}`注意力`、[注意力](https://x.org/注意力)、"
-            "<https://注意力.org>、https://x.org/注意力、<b title=\"注意力\">粗</b>。注意力。")
-    out = _linked(text, sample)
-    assert out == text[:-4] + "{term}`注意力`。"
-
-
 def test_admonition_title_and_options_are_not_prose(sample):
     text = "\n".join([
         ":::{admonition} 原笔记：注意力 → 自注意力",
@@ -289,20 +287,6 @@ def test_code_and_math_directives_are_not_prose(sample):
     ])
     out = _linked(text, sample)
     assert out == text.replace("说明里的注意力", "说明里的{term}`注意力`")
-
-
-def test_emphasis_is_not_broken(sample):
-    # `称为**注意力**，` would become `称为**{term}`…`**，`, which CommonMark does not read as bold
-    out = _linked("称为**注意力**，后面的注意力。", sample)
-    assert out == "称为**注意力**，后面的{term}`注意力`。"
-    # with punctuation or space outside the delimiters the link can go inside
-    assert _linked("叫作 **注意力**。", sample) == "叫作 **{term}`注意力`**。"
-    assert _linked("（**注意力**）", sample) == "（**{term}`注意力`**）"
-
-
-def test_term_right_before_a_code_span_is_skipped(sample):
-    # `注意力`x`` would become `{term}`注意力``x``: the two backticks would make one run
-    assert _linked("注意力`x` 与 `y`注意力。", sample) == "注意力`x` 与 `y`{term}`注意力`。"
 
 
 def test_existing_term_role_is_left_alone(sample):
