@@ -1,13 +1,14 @@
-"""The other parts of a Transformer layer: LayerNorm, the position-wise FFN, residual blocks
-in Pre-LN and Post-LN form, and an encoder layer built from them (chapters 07 and 08).
+"""The other parts of a Transformer layer: LayerNorm, the position-wise FFN, residual blocks in
+Pre-LN and Post-LN form, and parameter counting (chapters 07 and 08).
 
-Every piece is written from its formula, so the book can show it, and is tested equal to its
-PyTorch counterpart: ``LayerNorm`` to ``nn.LayerNorm``; ``EncoderLayer.from_torch`` loads an
-``nn.TransformerEncoderLayer`` and gives the same outputs in both norm orders.
+Every piece is written from its formula, so the book can show it, and is tested against its
+PyTorch counterpart: ``LayerNorm`` equals ``nn.LayerNorm`` (in float16/bfloat16 the statistics
+are computed in float32 and the result cast back, as PyTorch does). The encoder and decoder
+layers that wire these parts together live in ``blocks``.
 
-Conventions: inputs are ``(..., T, d_model)`` (an encoder layer takes ``(B, T, d_model)``,
-batch first); row vectors, ``y = x W + b`` with ``nn.Linear.weight = W.T``; boolean attention
-masks use True = may attend (``attnbook.padding_mask`` / ``causal_mask``).
+Conventions: inputs are ``(..., T, d_model)``; row vectors, ``y = x W + b`` with
+``nn.Linear.weight = W.T``. The argument checks sit at the end of the module, out of the code
+the book shows.
 """
 from __future__ import annotations
 
@@ -15,12 +16,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._checks import check_bool, check_choice, check_float, check_int, check_tensor
+from ._checks import check_bool, check_choice, check_dtype, check_float, check_int, check_tensor, describe
 from .multihead import MultiHeadAttention
 
 __all__ = [
     "ACTIVATIONS",
-    "EncoderLayer",
     "FeedForward",
     "LayerNorm",
     "ResidualBlock",
@@ -37,11 +37,13 @@ ACTIVATIONS = ("relu", "gelu", "swiglu")
 # ---------------------------------------------------------------------------------------------
 
 def layer_norm(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5) -> torch.Tensor:
-    """Layer normalization over the last dim (chapter 08, eq. 3).
+    """Layer normalization over the last dim (chapter 08, eq. eq-ch08-layernorm).
 
     y = (x - mean(x)) / sqrt(var(x) + eps) * weight + bias, where mean and var are taken over
     the last dim and var is the *biased* variance (divide by d, not d - 1), with eps inside the
-    square root: the definition ``torch.nn.LayerNorm`` uses.
+    square root: the definition ``torch.nn.LayerNorm`` uses. A float16/bfloat16 ``x`` is
+    normalised in float32 (its variance would overflow or round away otherwise) and the result
+    cast back, as ``nn.LayerNorm`` does.
 
     Args:
         x: floating tensor ``(..., d)``.
@@ -50,25 +52,17 @@ def layer_norm(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5) -> to
     Returns:
         tensor of the shape and dtype of ``x``.
     """
-    fn = "layer_norm"
-    check_tensor("x", x, fn=fn)
-    eps = check_float("eps", eps, fn=fn, minimum=0.0)
-    d = x.shape[-1]
-    for name, p in (("weight", weight), ("bias", bias)):
-        if p is not None:
-            check_tensor(name, p, fn=fn)
-            if tuple(p.shape) != (d,):
-                raise ValueError(f"{fn}: `{name}` must have shape ({d},) to match x's last dim, "
-                                 f"got {tuple(p.shape)}")
-    mean = x.mean(-1, keepdim=True)                      # mu = (1/d) sum_i x_i
-    centered = x - mean
+    _check_layer_norm(x, weight, bias, eps)
+    h = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x   # statistics in >= float32
+    mean = h.mean(-1, keepdim=True)                      # mu = (1/d) sum_i x_i
+    centered = h - mean
     var = centered.pow(2).mean(-1, keepdim=True)         # biased: (1/d) sum_i (x_i - mu)^2
     y = centered / torch.sqrt(var + eps)                 # eps inside the square root
     if weight is not None:
         y = y * weight                                   # gamma: one gain per feature
     if bias is not None:
         y = y + bias                                     # beta: one shift per feature
-    return y
+    return y.to(x.dtype)
 
 
 class LayerNorm(nn.Module):
@@ -93,14 +87,13 @@ class LayerNorm(nn.Module):
         self.eps = check_float("eps", eps, fn=fn, minimum=0.0)
         affine = check_bool("elementwise_affine", elementwise_affine, fn=fn)
         bias = check_bool("bias", bias, fn=fn)
+        check_dtype("dtype", dtype, fn=fn)
         factory = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.ones(self.d, **factory)) if affine else None
         self.bias = nn.Parameter(torch.zeros(self.d, **factory)) if affine and bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_tensor("x", x, fn="LayerNorm")
-        if x.shape[-1] != self.d:
-            raise ValueError(f"LayerNorm: `x` must have last dim d = {self.d}, got shape {tuple(x.shape)}")
+        _check_last_dim(x, self.d, "LayerNorm", "d")
         return layer_norm(x, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
@@ -168,6 +161,7 @@ class FeedForward(nn.Module):
         self.activation = check_choice("activation", activation, ACTIVATIONS, fn=fn)
         bias = check_bool("bias", bias, fn=fn)
         dropout = check_float("dropout", dropout, fn=fn, minimum=0.0, maximum=1.0)
+        check_dtype("dtype", dtype, fn=fn)
         factory = {"device": device, "dtype": dtype}
         self.linear1 = nn.Linear(self.d_model, self.d_ff, bias=bias, **factory)   # W_1: up
         self.gate = nn.Linear(self.d_model, self.d_ff, bias=bias, **factory) if activation == "swiglu" else None
@@ -175,10 +169,7 @@ class FeedForward(nn.Module):
         self.linear2 = nn.Linear(self.d_ff, self.d_model, bias=bias, **factory)   # W_2: down
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_tensor("x", x, fn="FeedForward")
-        if x.shape[-1] != self.d_model:
-            raise ValueError(f"FeedForward: `x` must have last dim d_model = {self.d_model}, "
-                             f"got shape {tuple(x.shape)}")
+        _check_last_dim(x, self.d_model, "FeedForward", "d_model", like=self.linear1.weight)
         h = self.linear1(x)                                   # (..., d_ff): x W_1 + b_1
         if self.activation == "relu":
             h = F.relu(h)
@@ -241,118 +232,6 @@ class ResidualBlock(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------
-# Encoder layer (chapter 08; assembled into a Transformer in chapter 10)
-# ---------------------------------------------------------------------------------------------
-
-def torch_layer_settings(layer, *, fn: str) -> dict:
-    """The constructor settings of a PyTorch ``nn.TransformerEncoderLayer`` / ``DecoderLayer``.
-
-    ``d_model, n_heads, d_ff, norm_first, dropout, activation`` (relu or exact gelu; ValueError
-    naming ``fn`` otherwise), ``eps``, ``bias``, ``device``, ``dtype``: what ``EncoderLayer`` and
-    ``transformer.DecoderLayer`` take, so their ``from_torch`` read a PyTorch layer the same way.
-    """
-    act = layer.activation
-    if act is F.relu or isinstance(act, nn.ReLU):
-        activation = "relu"
-    elif act is F.gelu or (isinstance(act, nn.GELU) and act.approximate == "none"):
-        activation = "gelu"
-    else:
-        raise ValueError(f"{fn}: only relu and exact gelu activations are supported, got {act!r}")
-    mha, w = layer.self_attn, layer.linear1.weight
-    return dict(d_model=mha.embed_dim, n_heads=mha.num_heads, d_ff=layer.linear1.out_features,
-                norm_first=layer.norm_first, dropout=layer.dropout.p, activation=activation,
-                eps=layer.norm1.eps, bias=layer.linear1.bias is not None, device=w.device, dtype=w.dtype)
-
-
-class EncoderLayer(nn.Module):
-    """One Transformer encoder layer: self-attention and FFN, each with residual + LayerNorm (chapter 08).
-
-    Post-LN (``norm_first=False``, Vaswani et al. 2017):
-        x = LN_1(x + MHA(x));        x = LN_2(x + FFN(x))
-    Pre-LN (``norm_first=True``, e.g. GPT-2; older than GPT-2, see chapter 08):
-        x = x + MHA(LN_1(x));        x = x + FFN(LN_2(x))
-    A Pre-LN stack needs one more LayerNorm after its last layer (chapter 08); it is not part
-    of the layer.
-
-    Children are named as in ``nn.TransformerEncoderLayer`` (``self_attn``, ``norm1``,
-    ``norm2``, ``dropout1``, ``dropout2``; the FFN's ``linear1``/``linear2`` live in ``ffn``), and
-    :meth:`from_torch` copies such a layer exactly. Dropout: on the attention output
-    (``dropout1``), inside the FFN, and on the FFN output (``dropout2``), as in PyTorch.
-
-    Args:
-        d_model: model width.
-        n_heads: attention heads (must divide d_model).
-        d_ff: FFN hidden size.
-        norm_first: Pre-LN if True, Post-LN if False (the default, as in PyTorch).
-        dropout: dropout probability (training only).
-        activation: the FFN's ``"relu"``, ``"gelu"`` or ``"swiglu"``.
-        eps: both LayerNorms' eps.
-        bias: biases in attention, FFN and LayerNorms.
-        backend: the attention backend (see :func:`attnbook.attention`).
-    """
-
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, *, norm_first: bool = False,
-                 dropout: float = 0.0, activation: str = "relu", eps: float = 1e-5, bias: bool = True,
-                 backend: str = "auto", device=None, dtype=None):
-        super().__init__()
-        fn = "EncoderLayer"
-        self.norm_first = check_bool("norm_first", norm_first, fn=fn)
-        dropout = check_float("dropout", dropout, fn=fn, minimum=0.0, maximum=1.0)
-        factory = {"device": device, "dtype": dtype}
-        self.self_attn = MultiHeadAttention(d_model, n_heads, bias=bias, backend=backend, **factory)
-        self.ffn = FeedForward(d_model, d_ff, activation=activation, bias=bias, dropout=dropout, **factory)
-        self.norm1 = LayerNorm(d_model, eps, bias=bias, **factory)
-        self.norm2 = LayerNorm(d_model, eps, bias=bias, **factory)
-        self.dropout1 = nn.Dropout(dropout)
-        self.dropout2 = nn.Dropout(dropout)
-
-    def _sa(self, x, mask, causal):
-        return self.dropout1(self.self_attn(x, mask=mask, causal=causal).out)
-
-    def _ff(self, x):
-        return self.dropout2(self.ffn(x))
-
-    def forward(self, x: torch.Tensor, *, mask=None, causal: bool = False) -> torch.Tensor:
-        """Apply the layer to ``x`` ``(B, T, d_model)``.
-
-        Args:
-            x: batch-first input ``(B, T, d_model)``.
-            mask: bool (True = may attend) or additive float, broadcastable to ``(B, H, T, T)``;
-                ``attnbook.padding_mask(lengths, T)`` hides padded keys.
-            causal: query i attends only keys j <= i.
-        Returns:
-            ``(B, T, d_model)``.
-        """
-        if self.norm_first:                                   # Pre-LN: x + f(LN(x))
-            x = x + self._sa(self.norm1(x), mask, causal)
-            x = x + self._ff(self.norm2(x))
-        else:                                                 # Post-LN: LN(x + f(x))
-            x = self.norm1(x + self._sa(x, mask, causal))
-            x = self.norm2(x + self._ff(x))
-        return x
-
-    @classmethod
-    def from_torch(cls, layer: nn.TransformerEncoderLayer, *, backend: str = "auto") -> "EncoderLayer":
-        """An ``EncoderLayer`` with the weights and settings of a PyTorch encoder layer.
-
-        Copies attention (:meth:`MultiHeadAttention.from_torch`), ``linear1``/``linear2``,
-        both LayerNorms (with their eps), ``norm_first``, the activation (relu or exact gelu)
-        and the dropout probability. The result is batch first whatever ``layer.batch_first``
-        says, and equals ``layer`` in eval mode; PyTorch's ``src_key_padding_mask`` (True =
-        padding) becomes ``mask=~src_key_padding_mask[:, None, None, :]`` here.
-        """
-        fn = "EncoderLayer.from_torch"
-        if not isinstance(layer, nn.TransformerEncoderLayer):
-            raise TypeError(f"{fn}: `layer` must be an nn.TransformerEncoderLayer, got {type(layer).__name__}")
-        new = cls(**torch_layer_settings(layer, fn=fn), backend=backend)
-        new.self_attn = MultiHeadAttention.from_torch(layer.self_attn, backend=backend)
-        new.norm1, new.norm2 = LayerNorm.from_torch(layer.norm1), LayerNorm.from_torch(layer.norm2)
-        new.ffn.linear1.load_state_dict(layer.linear1.state_dict())
-        new.ffn.linear2.load_state_dict(layer.linear2.state_dict())
-        return new
-
-
-# ---------------------------------------------------------------------------------------------
 # Counting parameters (chapters 05, 07, 10)
 # ---------------------------------------------------------------------------------------------
 
@@ -389,8 +268,10 @@ def count_parameters(module: nn.Module, *, by: str = "kind") -> dict[str, int]:
     layers), or a norm (LayerNorm, RMSNorm); any other parameter is ``"other"`` (e.g. an output
     projection to the vocabulary that is not tied to the embedding).
 
-    ``by="child"``: one entry per named child that holds parameters, in order, plus
-    ``"(own)"`` for parameters the module holds directly.
+    ``by="child"``: one entry per named child that holds parameters not counted before it, in
+    order, plus ``"(own)"`` for parameters the module holds directly; a child whose parameters
+    all belong to an earlier child (an output projection tied to the embedding) is left out, as
+    kinds with 0 are.
 
     A parameter shared by several modules (tied embeddings) is counted once, where it is first
     met, so the values always add up to ``sum(p.numel() for p in module.parameters())``.
@@ -412,8 +293,9 @@ def count_parameters(module: nn.Module, *, by: str = "kind") -> dict[str, int]:
     counts: dict[str, int] = {}
     if by == "child":
         for name, child in module.named_children():
-            if any(True for _ in child.parameters()):         # skip dropout, activations ...
-                counts[name] = fresh(child.parameters())
+            n = fresh(child.parameters())                     # 0: dropout, a tied output ...
+            if n:
+                counts[name] = n
         own = fresh(module.parameters(recurse=False))
         if own:
             counts["(own)"] = own
@@ -432,3 +314,32 @@ def count_parameters(module: nn.Module, *, by: str = "kind") -> dict[str, int]:
 
     walk(module, "", None)
     return {k: v for k, v in counts.items() if v}
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checks (kept out of the functions the book shows)
+# ---------------------------------------------------------------------------------------------
+
+def _check_layer_norm(x, weight, bias, eps) -> None:
+    fn = "layer_norm"
+    check_tensor("x", x, fn=fn)
+    check_float("eps", eps, fn=fn, minimum=0.0)
+    d = x.shape[-1]
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None:
+            check_tensor(name, p, fn=fn)
+            if tuple(p.shape) != (d,):
+                raise ValueError(f"{fn}: `{name}` must have shape ({d},) to match x's last dim, "
+                                 f"got {tuple(p.shape)}")
+            if p.device != x.device:
+                raise ValueError(f"{fn}: `{name}` is on {p.device} but `x` is on {x.device}")
+
+
+def _check_last_dim(x, d, fn, d_name, like=None) -> None:
+    """``x``: a floating tensor ``(..., d)``; with ``like``, in its dtype and device."""
+    check_tensor("x", x, fn=fn)
+    if x.shape[-1] != d:
+        raise ValueError(f"{fn}: `x` must have last dim {d_name} = {d}, got shape {tuple(x.shape)}")
+    if like is not None and (x.dtype != like.dtype or x.device != like.device):
+        raise TypeError(f"{fn}: `x` must have the module's dtype and device ({like.dtype}, "
+                        f"{like.device}), got {describe(x)}")

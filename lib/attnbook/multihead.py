@@ -15,6 +15,16 @@ opposite polarity (True = may NOT attend) and packs per-head masks as ``(B*H, Tq
 Grouped-query attention (``n_kv_heads < n_heads``; Ainslie et al. 2023) and multi-query
 attention (``n_kv_heads = 1``; Shazeer 2019) share each key/value head among
 ``n_heads // n_kv_heads`` query heads.
+
+``MultiHeadAttention.forward`` is two steps, the one path every attention module of the library
+takes: ``_project`` (``Q = query W^Q``, ``K``, ``V``, cut into heads) and ``_attend`` (each head
+through ``attnbook.attention``, then ``Concat(...) W^O``). The cached, rotary variant of chapter
+10 (``cache.CachedAttention``) overrides ``_project`` only.
+
+Empty inputs give empty outputs, as in ``nn.MultiheadAttention``: batch 0 or Tq = 0 give an
+empty ``out``; Tk = 0 leaves every query without a key, so its heads are zero (``out`` is
+``out_proj``'s bias). The argument checks sit at the end of the module, out of the code the
+book shows.
 """
 from __future__ import annotations
 
@@ -23,7 +33,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ._checks import check_bool, check_choice, check_int, check_tensor, describe
+from ._checks import check_bool, check_choice, check_dtype, check_int, check_tensor, describe
 from .dispatch import BACKENDS, attention
 from .reference import attention_ref, mask_to_additive
 
@@ -37,13 +47,9 @@ def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     Block i of the features is head i: ``x[..., i*d_k:(i+1)*d_k]`` becomes ``out[:, i]``.
     Args: x ``(B, T, n_heads * d_k)``.  Returns ``(B, n_heads, T, d_k)`` (a view when possible).
     """
-    check_tensor("x", x, fn="split_heads", min_ndim=3)
-    n_heads = check_int("n_heads", n_heads, fn="split_heads")
-    if x.ndim != 3 or x.shape[-1] % n_heads:
-        raise ValueError(f"split_heads: `x` must be (B, T, n_heads * d_k) with n_heads = {n_heads}, "
-                         f"got {describe(x)}")
-    b, t, _ = x.shape
-    return x.view(b, t, n_heads, -1).transpose(1, 2)  # (B, H, T, d_k)
+    _check_split_heads(x, n_heads)
+    b, t, d = x.shape
+    return x.view(b, t, n_heads, d // n_heads).transpose(1, 2)  # (B, H, T, d_k)
 
 
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
@@ -51,9 +57,7 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
 
     Args: x ``(B, H, T, d_v)``.  Returns ``(B, T, H * d_v)`` whose block i is head i.
     """
-    check_tensor("x", x, fn="merge_heads", min_ndim=4)
-    if x.ndim != 4:
-        raise ValueError(f"merge_heads: `x` must be (B, H, T, d_v), got {describe(x)}")
+    _check_4d("x", x, "merge_heads", "(B, H, T, d_v)")
     b, h, t, d = x.shape
     return x.transpose(1, 2).reshape(b, t, h * d)  # (B, T, H * d_v)
 
@@ -64,7 +68,7 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     Query head i reads key/value head ``i // n_rep``.
     Args: x ``(B, H_kv, T, D)``.  Returns ``(B, H_kv * n_rep, T, D)``.
     """
-    check_tensor("x", x, fn="repeat_kv", min_ndim=4)
+    _check_4d("x", x, "repeat_kv", "(B, H_kv, T, D)")
     n_rep = check_int("n_rep", n_rep, fn="repeat_kv")
     if n_rep == 1:
         return x
@@ -89,29 +93,16 @@ def mask_from_torch(attn_mask=None, key_padding_mask=None, *, n_heads: int | Non
         otherwise an additive float mask (0 / -inf from the bool ones, summed as torch does).
         It broadcasts to ``(B, H, Tq, Tk)``.
     """
-    fn = "mask_from_torch"
+    _check_mask_from_torch(attn_mask, key_padding_mask, n_heads)
     masks = []
     if attn_mask is not None:
-        check_tensor("attn_mask", attn_mask, fn=fn, min_ndim=2, floating=attn_mask.dtype != torch.bool)
-        if attn_mask.ndim == 3:
-            if n_heads is None:
-                raise ValueError(f"{fn}: a 3-D `attn_mask` is (B * n_heads, Tq, Tk); pass `n_heads`, "
-                                 f"got {describe(attn_mask)}")
-            n_heads = check_int("n_heads", n_heads, fn=fn)
-            if attn_mask.shape[0] % n_heads:
-                raise ValueError(f"{fn}: `attn_mask` dim 0 must be B * n_heads (n_heads = {n_heads}), "
-                                 f"got {describe(attn_mask)}")
-            attn_mask = attn_mask.reshape(-1, n_heads, *attn_mask.shape[1:])  # (B, H, Tq, Tk)
-        elif attn_mask.ndim != 2:
-            raise ValueError(f"{fn}: `attn_mask` must be (Tq, Tk) or (B * n_heads, Tq, Tk), "
-                             f"got {describe(attn_mask)}")
+        if attn_mask.ndim == 3:                                    # (B * H, Tq, Tk): row b * H + h
+            bh, tq, tk = attn_mask.shape
+            attn_mask = attn_mask.reshape(bh // n_heads, n_heads, tq, tk)  # (B, H, Tq, Tk)
         masks.append(~attn_mask if attn_mask.dtype == torch.bool else attn_mask)
     if key_padding_mask is not None:
         kpm = key_padding_mask
-        check_tensor("key_padding_mask", kpm, fn=fn, floating=kpm.dtype != torch.bool)
-        if kpm.ndim > 2:
-            raise ValueError(f"{fn}: `key_padding_mask` must be (B, Tk) or (Tk,), got {describe(kpm)}")
-        kpm = kpm[:, None, None, :] if kpm.ndim == 2 else kpm  # (B, 1, 1, Tk)
+        kpm = kpm[:, None, None, :] if kpm.ndim == 2 else kpm      # (B, 1, 1, Tk)
         masks.append(~kpm if kpm.dtype == torch.bool else kpm)
     if not masks:
         return None
@@ -136,7 +127,7 @@ class MultiHeadOutput(NamedTuple):
 
 
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention (chapter 05, eq. multihead): ``Concat(head_1..head_h) W^O``.
+    """Multi-head attention (chapter 05, eq. eq-ch05-multihead): ``Concat(head_1..head_h) W^O``.
 
     ``head_i = Attention(query W_i^Q, key W_i^K, value W_i^V)`` with ``d_k = d_v = d_model / h``;
     ``W^Q = q_proj.weight.T`` and ``W_i^Q`` is its i-th block of ``d_k`` columns (the same for
@@ -156,13 +147,14 @@ class MultiHeadAttention(nn.Module):
         backend: the :func:`attnbook.attention` backend used when ``need_weights`` is False.
         n_kv_heads: number of key/value heads (default n_heads; must divide n_heads): grouped-query
             attention, or multi-query attention with 1.
-        device, dtype: of the parameters, as for ``nn.Linear``; inputs must match them.
+        device, dtype: of the parameters, as for ``nn.Linear`` (a floating dtype); inputs must
+            match them.
     """
 
     def __init__(self, d_model: int, n_heads: int, *, bias: bool = True, kdim: int | None = None,
                  vdim: int | None = None, backend: str = "auto", n_kv_heads: int | None = None,
                  device=None, dtype=None):
-        fn = "MultiHeadAttention"
+        fn = type(self).__name__
         d_model = check_int("d_model", d_model, fn=fn)
         n_heads = check_int("n_heads", n_heads, fn=fn)
         if d_model % n_heads:
@@ -172,6 +164,7 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"{fn}: `n_kv_heads` must divide `n_heads`, got n_heads={n_heads}, "
                              f"n_kv_heads={n_kv_heads}")
         bias = check_bool("bias", bias, fn=fn)
+        check_dtype("dtype", dtype, fn=fn)
         super().__init__()
         self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
         self.d_k = d_model // n_heads  # per-head width; d_v = d_k
@@ -197,45 +190,11 @@ class MultiHeadAttention(nn.Module):
 
     @backend.setter
     def backend(self, value: str) -> None:
-        self._backend = check_choice("backend", value, ("auto", *BACKENDS), fn="MultiHeadAttention")
+        self._backend = check_choice("backend", value, ("auto", *BACKENDS), fn=type(self).__name__)
 
     def extra_repr(self) -> str:
         kv = "" if self.n_kv_heads == self.n_heads else f", n_kv_heads={self.n_kv_heads}"
         return f"d_model={self.d_model}, n_heads={self.n_heads}{kv}, d_k={self.d_k}, backend={self.backend!r}"
-
-    @staticmethod
-    def _check_mask(mask, target, fn, hint="a key-padding mask is (B, 1, 1, Tk), see attnbook.padding_mask"):
-        """``mask``: bool or float, broadcastable to ``target`` = (B, H, Tq, Tk)."""
-        check_tensor("mask", mask, fn=fn, min_ndim=0, floating=mask.dtype != torch.bool)
-        try:
-            ok = torch.broadcast_shapes(mask.shape, target) == target
-        except RuntimeError:
-            ok = False
-        if not ok:
-            raise ValueError(f"{fn}: `mask` of shape {tuple(mask.shape)} does not broadcast to "
-                             f"(B, H, Tq, Tk) = {target}; {hint}")
-
-    def _check_inputs(self, query, key, value, mask, head_mask):
-        fn = "MultiHeadAttention.forward"
-        weight = self.q_proj.weight
-        for name, t, width in (("query", query, self.d_model), ("key", key, self.kdim),
-                               ("value", value, self.vdim)):
-            check_tensor(name, t, fn=fn)
-            if t.ndim != 3 or t.shape[-1] != width:
-                raise ValueError(f"{fn}: `{name}` must be (B, T, {width}) (batch first), got {describe(t)}")
-            if t.dtype != weight.dtype or t.device != weight.device:
-                raise TypeError(f"{fn}: `{name}` must have the module's dtype and device "
-                                f"({weight.dtype}, {weight.device}), got {describe(t)}")
-        if not (query.shape[0] == key.shape[0] == value.shape[0]) or key.shape[1] != value.shape[1]:
-            raise ValueError(f"{fn}: query, key, value must share B, and key, value must share Tk; got "
-                             f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}")
-        if mask is not None:
-            self._check_mask(mask, (query.shape[0], self.n_heads, query.shape[1], key.shape[1]), fn)
-        if head_mask is not None:
-            check_tensor("head_mask", head_mask, fn=fn, floating=head_mask.dtype != torch.bool)
-            if head_mask.shape != (self.n_heads,):
-                raise ValueError(f"{fn}: `head_mask` must have shape (n_heads,) = ({self.n_heads},), "
-                                 f"got {describe(head_mask)}")
 
     def forward(self, query, key=None, value=None, *, mask=None, causal=False, need_weights=False,
                 head_mask=None) -> MultiHeadOutput:
@@ -260,22 +219,30 @@ class MultiHeadAttention(nn.Module):
         """
         key = query if key is None else key
         value = key if value is None else value
-        self._check_inputs(query, key, value, mask, head_mask)
-        causal = check_bool("causal", causal, fn="MultiHeadAttention.forward")
-        need_weights = check_bool("need_weights", need_weights, fn="MultiHeadAttention.forward")
+        _check_forward(self, query, key, value, mask, causal, need_weights, head_mask)
+        q, k, v = self._project(query, key, value)
+        return self._attend(q, k, v, mask, causal, need_weights, head_mask)
+
+    def _project(self, query, key, value):
+        """Step 1: ``Q = query W^Q``, ``K = key W^K``, ``V = value W^V``, each cut into heads."""
+        q = split_heads(self.q_proj(query), self.n_heads)       # (B, H, Tq, d_k)
+        k = split_heads(self.k_proj(key), self.n_kv_heads)      # (B, H_kv, Tk, d_k)
+        v = split_heads(self.v_proj(value), self.n_kv_heads)    # (B, H_kv, Tk, d_k)
+        return q, k, v
+
+    def _attend(self, q, k, v, mask, causal, need_weights, head_mask) -> MultiHeadOutput:
+        """Step 2: ``head_i = Attention(Q_i, K_i, V_i)`` for every head, then ``Concat(...) W^O``."""
         group = self.n_heads // self.n_kv_heads
-        q = split_heads(self.q_proj(query), self.n_heads)                      # (B, H, Tq, d_k)
-        k = repeat_kv(split_heads(self.k_proj(key), self.n_kv_heads), group)    # (B, H, Tk, d_k)
-        v = repeat_kv(split_heads(self.v_proj(value), self.n_kv_heads), group)  # (B, H, Tk, d_k)
+        k, v = repeat_kv(k, group), repeat_kv(v, group)         # (B, H, Tk, d_k): GQA shares
         if need_weights:
             res = attention_ref(q, k, v, mask=mask, causal=causal)
-            heads, weights = res.out, res.weights                              # (B, H, Tq, d_k)
+            heads, weights = res.out, res.weights               # (B, H, Tq, d_k), (B, H, Tq, Tk)
         else:
             heads = attention(q, k, v, mask=mask, causal=causal, backend=self.backend)
             weights = None
         if head_mask is not None:
-            heads = heads * head_mask.to(heads.dtype)[:, None, None]           # zero = ablated head
-        return MultiHeadOutput(self.out_proj(merge_heads(heads)), weights)     # (B, Tq, d_model)
+            heads = heads * head_mask.to(heads.dtype)[:, None, None]   # zero = ablated head
+        return MultiHeadOutput(self.out_proj(merge_heads(heads)), weights)   # (B, Tq, d_model)
 
     @classmethod
     def from_torch(cls, mha: nn.MultiheadAttention, *, backend: str = "auto") -> MultiHeadAttention:
@@ -287,7 +254,7 @@ class MultiHeadAttention(nn.Module):
         batch first, with masks converted by :func:`mask_from_torch`.
         Raises ValueError for ``add_bias_kv`` / ``add_zero_attn``, which have no counterpart here.
         """
-        fn = "MultiHeadAttention.from_torch"
+        fn = f"{cls.__name__}.from_torch"
         if not isinstance(mha, nn.MultiheadAttention):
             raise TypeError(f"{fn}: `mha` must be a torch.nn.MultiheadAttention, got {type(mha).__name__}")
         if mha.bias_k is not None or mha.add_zero_attn:
@@ -309,3 +276,93 @@ class MultiHeadAttention(nn.Module):
                     proj.bias.copy_(b)
                 new.out_proj.bias.copy_(mha.out_proj.bias)
         return new
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checks (kept out of the functions the book shows)
+# ---------------------------------------------------------------------------------------------
+
+def _check_split_heads(x, n_heads) -> None:
+    check_tensor("x", x, fn="split_heads", min_ndim=3)
+    n_heads = check_int("n_heads", n_heads, fn="split_heads")
+    if x.ndim != 3 or x.shape[-1] % n_heads:
+        raise ValueError(f"split_heads: `x` must be (B, T, n_heads * d_k) with n_heads = {n_heads}, "
+                         f"got {describe(x)}")
+
+
+def _check_4d(name, x, fn, layout) -> None:
+    check_tensor(name, x, fn=fn, min_ndim=4)
+    if x.ndim != 4:
+        raise ValueError(f"{fn}: `{name}` must be {layout}, got {describe(x)}")
+
+
+def _check_mask_tensor(name, m, fn, min_ndim=1) -> None:
+    """``m``: a bool (True/False) or floating (additive) tensor."""
+    check_tensor(name, m, fn=fn, min_ndim=min_ndim, floating=False)
+    if m.dtype != torch.bool and not m.dtype.is_floating_point:
+        raise TypeError(f"{fn}: `{name}` must be bool or floating, got {describe(m)}")
+
+
+def _check_mask_from_torch(attn_mask, key_padding_mask, n_heads) -> None:
+    fn = "mask_from_torch"
+    if attn_mask is not None:
+        _check_mask_tensor("attn_mask", attn_mask, fn, min_ndim=2)
+        if attn_mask.ndim == 3:
+            if n_heads is None:
+                raise ValueError(f"{fn}: a 3-D `attn_mask` is (B * n_heads, Tq, Tk); pass `n_heads`, "
+                                 f"got {describe(attn_mask)}")
+            n_heads = check_int("n_heads", n_heads, fn=fn)
+            if attn_mask.shape[0] % n_heads:
+                raise ValueError(f"{fn}: `attn_mask` dim 0 must be B * n_heads (n_heads = {n_heads}), "
+                                 f"got {describe(attn_mask)}")
+        elif attn_mask.ndim != 2:
+            raise ValueError(f"{fn}: `attn_mask` must be (Tq, Tk) or (B * n_heads, Tq, Tk), "
+                             f"got {describe(attn_mask)}")
+    if key_padding_mask is not None:
+        _check_mask_tensor("key_padding_mask", key_padding_mask, fn)
+        if key_padding_mask.ndim > 2:
+            raise ValueError(f"{fn}: `key_padding_mask` must be (B, Tk) or (Tk,), "
+                             f"got {describe(key_padding_mask)}")
+
+
+def _check_mask(mask, target, fn, hint="a key-padding mask is (B, 1, 1, Tk), see attnbook.padding_mask"):
+    """``mask``: None, or bool / additive float broadcastable to ``target`` = (B, H, Tq, Tk)."""
+    if mask is None:
+        return
+    _check_mask_tensor("mask", mask, fn, min_ndim=0)
+    try:
+        ok = torch.broadcast_shapes(mask.shape, target) == target
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{fn}: `mask` of shape {tuple(mask.shape)} does not broadcast to "
+                         f"(B, H, Tq, Tk) = {target}; {hint}")
+
+
+def _check_inputs(m: MultiHeadAttention, query, key, value, head_mask, fn) -> None:
+    """query ``(B, Tq, d_model)``, key ``(B, Tk, kdim)``, value ``(B, Tk, vdim)`` in the module's
+    dtype and device; ``head_mask`` None or ``(H,)``."""
+    weight = m.q_proj.weight
+    for name, t, width in (("query", query, m.d_model), ("key", key, m.kdim), ("value", value, m.vdim)):
+        check_tensor(name, t, fn=fn)
+        if t.ndim != 3 or t.shape[-1] != width:
+            raise ValueError(f"{fn}: `{name}` must be (B, T, {width}) (batch first), got {describe(t)}")
+        if t.dtype != weight.dtype or t.device != weight.device:
+            raise TypeError(f"{fn}: `{name}` must have the module's dtype and device "
+                            f"({weight.dtype}, {weight.device}), got {describe(t)}")
+    if not (query.shape[0] == key.shape[0] == value.shape[0]) or key.shape[1] != value.shape[1]:
+        raise ValueError(f"{fn}: query, key, value must share B, and key, value must share Tk; got "
+                         f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}")
+    if head_mask is not None:
+        _check_mask_tensor("head_mask", head_mask, fn)
+        if head_mask.shape != (m.n_heads,):
+            raise ValueError(f"{fn}: `head_mask` must have shape (n_heads,) = ({m.n_heads},), "
+                             f"got {describe(head_mask)}")
+
+
+def _check_forward(m, query, key, value, mask, causal, need_weights, head_mask) -> None:
+    fn = f"{type(m).__name__}.forward"
+    _check_inputs(m, query, key, value, head_mask, fn)
+    _check_mask(mask, (query.shape[0], m.n_heads, query.shape[1], key.shape[1]), fn)
+    check_bool("causal", causal, fn=fn)
+    check_bool("need_weights", need_weights, fn=fn)

@@ -2,8 +2,17 @@
 
 ``fit`` runs ``loss_fn(model, batch)`` -> backward -> (clip) -> optimizer step until ``steps``
 steps or ``seconds`` seconds, whichever comes first, and returns a ``History``. ``evaluate``
-scores predicted token sequences against targets (exact match and token accuracy), and
-``token_cross_entropy`` is the teacher-forced loss with PAD ignored.
+scores predicted token sequences against targets (exact match and token accuracy);
+``eval_mode`` is the one way the library switches a model to evaluation for a while.
+
+The losses and the schedule: ``token_cross_entropy`` is the teacher-forced loss with PAD ignored
+(chapter 02); ``label_smoothed_cross_entropy`` and ``vaswani_lr`` are the training recipe of
+Vaswani et al. 2017 (section 5, chapter 10). Both losses are means over the non-PAD target
+tokens and follow ``F.cross_entropy(ignore_index=pad_id)`` everywhere, including a batch with
+no real token at all: the mean over zero tokens is 0/0 = NaN (``fit`` then stops with
+``stopped_by="nonfinite"``, which names such a batch instead of training on it silently). Any
+``pad_id >= 0`` is legal, also one outside the vocabulary; every other target id must lie in
+``[0, V)``.
 
 Progress output (``progress=True``), decided by ``progress_mode()``:
 
@@ -20,20 +29,22 @@ built the book, not the reader's (CHAPTER.md: no build noise in the reader's vie
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_bool, check_choice, check_float, check_int, check_tensor
+from ._checks import check_bool, check_choice, check_float, check_int, check_tensor, describe
 from .data import BOS_ID, EOS_ID, PAD_ID
 
-__all__ = ["Accuracy", "History", "evaluate", "fit", "progress_mode", "token_cross_entropy"]
+__all__ = ["Accuracy", "History", "eval_mode", "evaluate", "fit", "label_smoothed_cross_entropy",
+           "progress_mode", "token_cross_entropy", "vaswani_lr"]
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 
@@ -103,8 +114,20 @@ def _batch_source(batches, fn: str) -> Callable[[], object]:
     if not isinstance(batches, Iterable) or isinstance(batches, (str, torch.Tensor)):
         raise TypeError(f"{fn}: `batches` must be an iterable of batches or a callable returning one, "
                         f"got {type(batches).__name__}")
-    if iter(batches) is batches:  # a one-shot iterator
-        return lambda: next(batches)
+    if iter(batches) is batches:  # a one-shot iterator: empty before the first batch is an error
+        started = []
+
+        def once():
+            try:
+                b = next(batches)
+            except StopIteration:
+                if not started:
+                    raise ValueError(f"{fn}: `batches` is empty (the iterator yielded no batch)") from None
+                raise
+            started.append(True)
+            return b
+
+        return once
     state = {"it": iter(batches), "fresh": True}
 
     def nxt():
@@ -134,8 +157,8 @@ def fit(model: torch.nn.Module, batches, *, loss_fn: Callable, steps: int | None
     Args:
         model: the module to train (put in train mode during ``fit``, its mode restored after).
         batches: a callable returning a batch (called once per step), an iterator (consumed until
-            it ends), or a re-iterable such as a list (cycled).
-        loss_fn: ``loss_fn(model, batch) -> scalar tensor``.
+            it ends), or a re-iterable such as a list (cycled); an empty one is a ValueError.
+        loss_fn: ``loss_fn(model, batch) -> scalar tensor`` that depends on the parameters.
         steps, seconds: stop after this many steps / this much wall time; at least one is
             required, and the first reached wins (at least one step always runs). Only
             ``steps`` is reproducible: under ``seconds`` the step count depends on the machine.
@@ -198,6 +221,9 @@ def fit(model: torch.nn.Module, batches, *, loss_fn: Callable, steps: int | None
             loss = loss_fn(model, batch)
             if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.dtype.is_floating_point:
                 raise TypeError(f"{fn}: `loss_fn` must return a scalar floating tensor, got {loss!r:.80}")
+            if not loss.requires_grad:
+                raise ValueError(f"{fn}: `loss_fn` returned a loss that does not depend on the model's "
+                                 f"parameters (requires_grad=False): {loss!r:.80}")
             value = loss.item()
             hist.losses.append(value)
             if not math.isfinite(value):
@@ -225,19 +251,68 @@ def fit(model: torch.nn.Module, batches, *, loss_fn: Callable, steps: int | None
 def token_cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, pad_id: int = PAD_ID) -> torch.Tensor:
     """Teacher-forced loss: mean cross-entropy over the non-PAD target tokens (chapter 02).
 
-    Equals the summed negative log-likelihood of the real tokens divided by their count.
+    Equals the summed negative log-likelihood of the real tokens divided by their count (NaN
+    when there is none, as ``F.cross_entropy(ignore_index=pad_id)``; module docstring).
     Args: logits ``(B, T, V)``; target ``(B, T)`` long ids. Returns a scalar tensor.
     """
-    fn = "token_cross_entropy"
-    check_tensor("logits", logits, fn=fn, min_ndim=3)
-    check_tensor("target", target, fn=fn, min_ndim=2, floating=False)
-    if target.dtype != torch.long:
-        raise TypeError(f"{fn}: `target` must hold token ids (torch.long), got dtype {target.dtype}")
-    if logits.shape[:-1] != target.shape:
-        raise ValueError(f"{fn}: `logits` (B, T, V) and `target` (B, T) disagree: "
-                         f"{tuple(logits.shape)} vs {tuple(target.shape)}")
-    pad_id = check_int("pad_id", pad_id, fn=fn, minimum=0)
+    _check_loss("token_cross_entropy", logits, target, pad_id, min_ndim=3)
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=pad_id)
+
+
+def label_smoothed_cross_entropy(logits: torch.Tensor, target: torch.Tensor, *,
+                                 smoothing: float, pad_id: int = 0) -> torch.Tensor:
+    """Cross-entropy against the smoothed target (1 - eps) onehot(y) + eps / V (chapter 10).
+
+    loss = mean over non-PAD positions of
+           (1 - eps) (-log p_y) + (eps / V) sum_c (-log p_c),
+    the definition of Szegedy et al. 2016 and of ``F.cross_entropy(label_smoothing=eps)``:
+    every one of the V classes, the true one and PAD included, gets eps / V.
+    ``eps = 0`` is :func:`token_cross_entropy` (NaN for a target with no real token, as both).
+
+    Args: logits ``(..., V)``; target ``logits.shape[:-1]`` long; smoothing eps in [0, 1]; pad_id.
+    Returns a scalar tensor.
+    """
+    eps = _check_loss("label_smoothed_cross_entropy", logits, target, pad_id, smoothing=smoothing)
+    logp = F.log_softmax(logits, dim=-1)                           # (..., V)
+    real = target != pad_id
+    y = target.masked_fill(~real, 0)                               # any id < V where PAD sits
+    nll = -logp.gather(-1, y.unsqueeze(-1)).squeeze(-1)            # -log p_y
+    uniform = -logp.mean(-1)                                       # (1/V) sum_c -log p_c
+    loss = (1 - eps) * nll + eps * uniform
+    return loss[real].sum() / real.sum()                           # 0/0 = NaN without real tokens
+
+
+def vaswani_lr(step: int, *, d_model: int, warmup: int = 4000) -> float:
+    """The learning rate of Vaswani et al. 2017, eq. 3 (chapter 10, eq. eq-ch10-lr).
+
+    lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5): a linear rise for ``warmup``
+    steps, then decay as 1/sqrt(step); the peak, at step = warmup, is (d_model * warmup)^-0.5.
+    Steps count from 1.
+    """
+    fn = "vaswani_lr"
+    step = check_int("step", step, fn=fn)
+    d_model = check_int("d_model", d_model, fn=fn)
+    warmup = check_int("warmup", warmup, fn=fn)
+    return d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+
+
+@contextlib.contextmanager
+def eval_mode(module: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """``with eval_mode(model):`` evaluation mode inside (no dropout), the previous mode after.
+
+    Switches only when the model is training (``train()``/``eval()`` walk every submodule), and
+    restores the mode even when the body raises.
+    """
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"eval_mode: `module` must be a torch.nn.Module, got {type(module).__name__}")
+    was_training = module.training
+    if was_training:
+        module.eval()
+    try:
+        yield module
+    finally:
+        if was_training:
+            module.train()
 
 
 @dataclass
@@ -261,8 +336,10 @@ def _rows(x, name: str, fn: str) -> list[list[int]]:
             if x.ndim != 3:
                 raise ValueError(f"{fn}: floating `{name}` must be logits (B, T, V), got shape {tuple(x.shape)}")
             x = x.argmax(-1)
-        if x.ndim != 2 or x.dtype == torch.bool:
+        if x.ndim != 2 or x.dtype == torch.bool or x.is_complex():
             raise ValueError(f"{fn}: `{name}` must be ids (B, T) or logits (B, T, V), got {x.dtype} {tuple(x.shape)}")
+        if x.numel() and int(x.min()) < 0:
+            raise ValueError(f"{fn}: `{name}` must hold ids >= 0, got min {int(x.min())}")
         return x.tolist()
     if not isinstance(x, Sequence) or isinstance(x, str):
         raise TypeError(f"{fn}: `{name}` must be a tensor or a list of id lists, got {type(x).__name__}")
@@ -317,3 +394,28 @@ def evaluate(pred, target, *, pad_id: int | None = PAD_ID, bos_id: int | None = 
     return Accuracy(exact_match=sum(correct) / len(correct),
                     token_accuracy=hits / n_tokens if n_tokens else float("nan"),
                     n_sequences=len(correct), n_tokens=n_tokens, correct=correct)
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checks (kept out of the functions the book shows)
+# ---------------------------------------------------------------------------------------------
+
+def _check_loss(fn, logits, target, pad_id, *, min_ndim=2, smoothing=None):
+    """logits ``(..., V)`` floating; target ``logits.shape[:-1]`` long with ids in [0, V) except
+    ``pad_id`` (any int >= 0); returns ``smoothing`` checked to lie in [0, 1] (or None)."""
+    check_tensor("logits", logits, fn=fn, min_ndim=min_ndim)
+    check_tensor("target", target, fn=fn, min_ndim=min_ndim - 1, floating=False)
+    if target.dtype != torch.long:
+        raise TypeError(f"{fn}: `target` must hold token ids (torch.long), got {describe(target)}")
+    if logits.shape[:-1] != target.shape:
+        raise ValueError(f"{fn}: `logits` and `target` disagree: `target` must have the shape of "
+                         f"`logits` without its last dim {tuple(logits.shape[:-1])}, got {tuple(target.shape)}")
+    pad_id = check_int("pad_id", pad_id, fn=fn, minimum=0)
+    vocab = logits.shape[-1]
+    real = target[target != pad_id]
+    if real.numel() and (int(real.min()) < 0 or int(real.max()) >= vocab):
+        raise ValueError(f"{fn}: `target` ids other than pad_id={pad_id} must lie in [0, {vocab}) "
+                         f"(V = logits.shape[-1]), got min {int(real.min())}, max {int(real.max())}")
+    if smoothing is not None:
+        return check_float("smoothing", smoothing, fn=fn, minimum=0.0, maximum=1.0)
+    return None

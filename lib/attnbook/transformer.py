@@ -2,29 +2,30 @@
 
 Vaswani et al. 2017 (section 3), built only from earlier chapters: ``MultiHeadAttention``
 (chapter 05; every head through ``attnbook.attention``, so any backend can be switched in),
-the positional encodings of chapter 06, ``FeedForward`` (chapter 07), ``LayerNorm`` and
-``EncoderLayer`` (chapter 08). What this module adds:
-
-- ``Attention``: ``MultiHeadAttention`` plus RoPE on queries and keys and a key/value cache;
-- ``DecoderLayer``: masked self-attention, cross-attention over the encoder's memory, FFN,
-  each with residual + LayerNorm, in Post-LN or Pre-LN order;
-- ``Transformer``: embeddings scaled by sqrt(d_model), positions, N encoder and N decoder
-  layers, and ONE output projection after the decoder stack (finding 10.1: the seed's
-  diagram repeats ``Linear + Softmax`` inside every layer);
-- decoding through the ``step(prefixes) -> log-probs`` protocol of chapter 02 (greedy and
-  beam search shared with the GRU models), with an optional key/value cache;
-- the training recipe: label-smoothed cross-entropy and the warm-up schedule of the paper.
+the positional encodings of chapter 06, ``FeedForward`` (chapter 07), ``LayerNorm`` (chapter
+08) and the layers of ``blocks`` (``EncoderLayer``, chapter 08; ``DecoderLayer``, chapter 10).
+What this module adds is ``Transformer``: embeddings scaled by sqrt(d_model), positions, N
+encoder and N decoder layers, and ONE output projection after the decoder stack (finding 10.1:
+the seed's diagram repeats ``Linear + Softmax`` inside every layer); decoding through the
+``step(prefixes) -> log-probs`` protocol of chapter 02 (greedy and beam search shared with the
+GRU models), with the key/value cache of ``cache``. Its training recipe (label-smoothed loss,
+warm-up schedule) lives in ``train``.
 
 Masks (appendix "记号与约定"): pad masks are bool ``(B, T)`` with True = a real token; the
 decoder's self-attention is causal; padded source keys are hidden from the encoder's
 self-attention and from every cross-attention. ``torch.nn.Transformer`` uses the opposite
-polarity (True = padding); :meth:`Transformer.from_torch` documents the conversion.
+polarity (True = padding); :meth:`Transformer.from_torch` documents the conversion. Padding
+goes on the right (greedy and beam search then agree with the unpadded sentence).
 
 Positions (``positions=``): ``"sinusoidal"`` (added table, chapter 06), ``"learned"`` (an
 embedding table of ``max_len`` rows), ``"rope"`` (queries and keys of every SELF-attention are
 rotated; cross-attention gets none, as in encoder-decoder models with relative positions) and
 ``"alibi"`` (a per-head linear bias in every self-attention: causal in the decoder, the
 symmetric extension ``-m|i - j|`` in the encoder; none in cross-attention).
+
+Empty inputs give empty outputs, as ``nn.Transformer``: a batch of 0 rows gives logits
+``(0, T, V)`` and ``generate`` returns ``[]``; a source of length 0 leaves cross-attention
+nothing to read (zero heads), a target of length 0 gives ``(B, 0, V)``.
 """
 from __future__ import annotations
 
@@ -35,286 +36,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import check_bool, check_choice, check_float, check_int, check_tensor, describe
+from ._checks import check_bool, check_choice, check_dtype, check_float, check_int
+from ._transformer_checks import (_check_decode, _check_encode, _check_from_torch, _check_generate,
+                                  _check_pair, _check_prefixes, _check_step_fn)
+from .blocks import DecoderLayer, EncoderLayer, torch_layer_settings
+from .cache import DecoderCache
 from .decoding import beam_search, greedy_decode_batch
-from .dispatch import attention
-from .layers import ACTIVATIONS, EncoderLayer, FeedForward, LayerNorm, torch_layer_settings
-from .multihead import MultiHeadAttention, MultiHeadOutput, merge_heads, repeat_kv, split_heads
-from .positional import alibi_bias, apply_rope, sinusoidal_encoding
-from .reference import attention_ref, mask_to_additive
+from .layers import ACTIVATIONS, LayerNorm
+from .positional import alibi_bias, sinusoidal_encoding
+from .reference import mask_to_additive
+from .train import eval_mode
 
-__all__ = [
-    "POSITIONS",
-    "Attention",
-    "AttentionMaps",
-    "DecoderCache",
-    "DecoderLayer",
-    "DecoderLayerOutput",
-    "KVCache",
-    "Transformer",
-    "label_smoothed_cross_entropy",
-    "vaswani_lr",
-]
+__all__ = ["POSITIONS", "AttentionMaps", "Transformer"]
 
 POSITIONS = ("sinusoidal", "rope", "alibi", "learned")
-
-
-# ---------------------------------------------------------------------------------------------
-# Attention with RoPE and a key/value cache
-# ---------------------------------------------------------------------------------------------
-
-class KVCache:
-    """The keys and values one attention module has already computed (chapter 10).
-
-    ``k``, ``v``: ``(B, H_kv, t, d_k)`` after the projection (and RoPE), or None while empty.
-    A self-attention cache grows by the new positions at every call; a cross-attention cache
-    (``static=True``) is filled once from the encoder's memory and then only read.
-    """
-
-    def __init__(self, *, static: bool = False):
-        self.static = check_bool("static", static, fn="KVCache")
-        self.k: torch.Tensor | None = None
-        self.v: torch.Tensor | None = None
-
-    def __len__(self) -> int:
-        return 0 if self.k is None else self.k.shape[-2]
-
-    def select(self, rows: torch.Tensor) -> "KVCache":
-        """A cache whose batch row n is row ``rows[n]`` of this one (beam search reorders rows).
-
-        A static cache with batch size 1 (one source shared by every hypothesis) is kept as is,
-        and so is any cache when ``rows`` is ``0, 1, ..., B - 1`` (then the result is ``self``).
-        """
-        if self.k is not None and len(rows) == self.k.shape[0] and torch.equal(
-                rows, torch.arange(len(rows), device=rows.device)):
-            return self                                       # nothing moves: no copy
-        new = KVCache(static=self.static)
-        if self.k is not None:
-            keep = self.static and self.k.shape[0] == 1
-            new.k = self.k if keep else self.k.index_select(0, rows)
-            new.v = self.v if keep else self.v.index_select(0, rows)
-        return new
-
-
-class Attention(MultiHeadAttention):
-    """Multi-head attention (chapter 05) with RoPE and a key/value cache (chapters 06, 10).
-
-    Without RoPE and without a cache it IS ``MultiHeadAttention.forward``. With ``rope=True``
-    queries and keys are rotated per head after the projection (``apply_rope``, chapter 06):
-    key j sits at position j, and the Tq queries are the LAST Tq positions (Tk - Tq + i), which
-    is where the new tokens are when a cache holds the earlier ones. With a ``cache``:
-
-    - self-attention (``cache.static`` False): the keys and values of the new positions are
-      appended to the cache and the queries attend to all of them; ``causal=True`` then means
-      query i (at position Tk - Tq + i) sees keys j <= Tk - Tq + i (bottom-right aligned,
-      unlike ``attention``'s top-left causal, which is only right when Tq = Tk);
-    - cross-attention (``cache.static`` True): ``key``/``value`` are projected once, on the
-      first call, and reused afterwards; a cache of batch 1 is shared by every query row.
-
-    Args: as ``MultiHeadAttention``, plus ``rope`` (rotate queries and keys; d_k must be even).
-    """
-
-    def __init__(self, d_model: int, n_heads: int, *, rope: bool = False, **kwargs):
-        super().__init__(d_model, n_heads, **kwargs)
-        self.rope = check_bool("rope", rope, fn="Attention")
-        if self.rope and self.d_k % 2:
-            raise ValueError(f"Attention: RoPE rotates pairs of features, so d_k = d_model / n_heads "
-                             f"must be even, got d_k = {self.d_k}")
-
-    def extra_repr(self) -> str:
-        return super().extra_repr() + (", rope=True" if self.rope else "")
-
-    def forward(self, query, key=None, value=None, *, mask=None, causal=False, need_weights=False,
-                head_mask=None, cache: KVCache | None = None) -> MultiHeadOutput:
-        """Attention of ``query`` ``(B, Tq, d_model)`` over ``key``/``value`` (default: query).
-
-        ``mask`` broadcasts to ``(B, H, Tq, Tk)`` where Tk counts the cached keys too. Returns
-        ``MultiHeadOutput(out, weights)`` like ``MultiHeadAttention``.
-        """
-        fn = "Attention.forward"
-        if not self.rope and cache is None:
-            return super().forward(query, key, value, mask=mask, causal=causal,
-                                   need_weights=need_weights, head_mask=head_mask)
-        if cache is not None and not isinstance(cache, KVCache):
-            raise TypeError(f"{fn}: `cache` must be a KVCache or None, got {type(cache).__name__}")
-        key = query if key is None else key
-        value = key if value is None else value
-        shared = all(isinstance(t, torch.Tensor) and t.ndim == 3 for t in (query, key, value)) \
-            and key.shape[0] == value.shape[0] == 1 != query.shape[0]   # one memory for every row
-        if shared:
-            self._check_inputs(query, *(t.expand(query.shape[0], -1, -1) for t in (key, value)),
-                               None, head_mask)
-        else:
-            self._check_inputs(query, key, value, None, head_mask)
-        causal = check_bool("causal", causal, fn=fn)
-        need_weights = check_bool("need_weights", need_weights, fn=fn)
-        b, tq = query.shape[:2]
-        q = split_heads(self.q_proj(query), self.n_heads)                     # (B, H, Tq, d_k)
-        if cache is not None and cache.static and cache.k is not None:
-            k, v = cache.k, cache.v                                           # memory: done once
-        else:
-            past = 0 if cache is None or cache.static else len(cache)
-            k = split_heads(self.k_proj(key), self.n_kv_heads)                # (B, H_kv, Tk', d_k)
-            v = split_heads(self.v_proj(value), self.n_kv_heads)
-            if self.rope:                                                     # key j at position j
-                k = apply_rope(k, past + torch.arange(k.shape[2], device=k.device))
-            if cache is not None:
-                if past:
-                    k, v = torch.cat([cache.k, k], 2), torch.cat([cache.v, v], 2)  # (B, H_kv, Tk, d_k)
-                cache.k, cache.v = k, v
-        if k.shape[0] != b:                                                   # a shared memory
-            k, v = k.expand(b, *k.shape[1:]), v.expand(b, *v.shape[1:])
-        tk = k.shape[2]
-        if self.rope:                                                         # the last Tq positions
-            q = apply_rope(q, tk - tq + torch.arange(tq, device=q.device))
-        if causal and tq != tk:                                               # bottom-right aligned
-            allowed = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(tk - tq)
-            if mask is None or mask.dtype == torch.bool:
-                mask = allowed if mask is None else mask & allowed
-            else:
-                mask = mask.masked_fill(~allowed, float("-inf"))
-            causal = False
-        if mask is not None:
-            self._check_mask(mask, (b, self.n_heads, tq, tk), fn, hint="Tk counts the cached keys")
-        group = self.n_heads // self.n_kv_heads
-        k, v = repeat_kv(k, group), repeat_kv(v, group)                       # (B, H, Tk, d_k)
-        if need_weights:
-            res = attention_ref(q, k, v, mask=mask, causal=causal)
-            heads, weights = res.out, res.weights
-        else:
-            heads = attention(q, k, v, mask=mask, causal=causal, backend=self.backend)
-            weights = None
-        if head_mask is not None:
-            heads = heads * head_mask.to(heads.dtype)[:, None, None]
-        return MultiHeadOutput(self.out_proj(merge_heads(heads)), weights)    # (B, Tq, d_model)
-
-
-# ---------------------------------------------------------------------------------------------
-# Decoder layer
-# ---------------------------------------------------------------------------------------------
-
-class DecoderLayerOutput(NamedTuple):
-    """What :class:`DecoderLayer` returns; the weights only with ``need_weights=True``."""
-
-    out: torch.Tensor                    # (B, T, d_model)
-    self_weights: torch.Tensor | None    # (B, H, T, T_total) masked self-attention
-    cross_weights: torch.Tensor | None   # (B, H, T, S) cross-attention over the memory
-
-
-class DecoderLayer(nn.Module):
-    """One Transformer decoder layer (chapter 10, eq. eq-ch10-decoder-layer).
-
-    Post-LN (``norm_first=False``, Vaswani et al. 2017):
-        x = LN_1(x + SelfAttn(x));   x = LN_2(x + CrossAttn(x, memory));   x = LN_3(x + FFN(x))
-    Pre-LN (``norm_first=True``):
-        x = x + SelfAttn(LN_1(x));   x = x + CrossAttn(LN_2(x), memory);   x = x + FFN(LN_3(x))
-    The self-attention is causal; the cross-attention takes its queries from the decoder and its
-    keys and values from ``memory``, the encoder's final output (the same for every layer).
-    There is no output projection here: it comes once, after the last layer (finding 10.1).
-
-    Children are named as in ``nn.TransformerDecoderLayer`` (``self_attn``, ``multihead_attn``,
-    ``norm1..3``, ``dropout1..3``; ``linear1``/``linear2`` live in ``ffn``), and
-    :meth:`from_torch` copies such a layer exactly (equal in eval mode).
-
-    Args: d_model, n_heads, d_ff, norm_first, dropout, activation, eps, bias, backend as
-    ``EncoderLayer``; rope: rotate queries and keys of the self-attention (chapter 06).
-    """
-
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, *, norm_first: bool = False,
-                 dropout: float = 0.0, activation: str = "relu", eps: float = 1e-5, bias: bool = True,
-                 rope: bool = False, backend: str = "auto", device=None, dtype=None):
-        super().__init__()
-        fn = "DecoderLayer"
-        self.norm_first = check_bool("norm_first", norm_first, fn=fn)
-        dropout = check_float("dropout", dropout, fn=fn, minimum=0.0, maximum=1.0)
-        factory = {"device": device, "dtype": dtype}
-        self.self_attn = Attention(d_model, n_heads, rope=rope, bias=bias, backend=backend, **factory)
-        self.multihead_attn = Attention(d_model, n_heads, bias=bias, backend=backend, **factory)
-        self.ffn = FeedForward(d_model, d_ff, activation=activation, bias=bias, dropout=dropout, **factory)
-        self.norm1 = LayerNorm(d_model, eps, bias=bias, **factory)
-        self.norm2 = LayerNorm(d_model, eps, bias=bias, **factory)
-        self.norm3 = LayerNorm(d_model, eps, bias=bias, **factory)
-        self.dropout1, self.dropout2, self.dropout3 = (nn.Dropout(dropout) for _ in range(3))
-
-    def forward(self, x: torch.Tensor, memory: torch.Tensor, *, self_mask=None,
-                memory_mask=None, causal: bool = True,
-                cache: tuple[KVCache, KVCache] | None = None,
-                need_weights: bool = False) -> DecoderLayerOutput:
-        """Apply the layer to ``x`` (B, T, d_model) given ``memory`` (B or 1, S, d_model).
-
-        Args:
-            self_mask: bool (True = may attend) or additive float, broadcastable to
-                ``(B, H, T, T_total)``, e.g. the target's key padding; ``causal`` adds to it.
-            memory_mask: broadcastable to (B, H, T, S), e.g. ``src_pad[:, None, None, :]``.
-            cache: ``(self_cache, cross_cache)`` for incremental decoding, or None.
-            need_weights: also return both attention maps (computed with ``attention_ref``).
-        """
-        sc, cc = (None, None) if cache is None else cache
-        w = {}
-
-        def sa(h):
-            res = self.self_attn(h, mask=self_mask, causal=causal,
-                                 need_weights=need_weights, cache=sc)
-            w["self"] = res.weights
-            return self.dropout1(res.out)
-
-        def ca(h):
-            res = self.multihead_attn(h, memory, mask=memory_mask,
-                                      need_weights=need_weights, cache=cc)
-            w["cross"] = res.weights
-            return self.dropout2(res.out)
-
-        def ff(h):
-            return self.dropout3(self.ffn(h))
-
-        if self.norm_first:                                   # Pre-LN: x + f(LN(x))
-            x = x + sa(self.norm1(x))
-            x = x + ca(self.norm2(x))
-            x = x + ff(self.norm3(x))
-        else:                                                 # Post-LN: LN(x + f(x))
-            x = self.norm1(x + sa(x))
-            x = self.norm2(x + ca(x))
-            x = self.norm3(x + ff(x))
-        return DecoderLayerOutput(x, w["self"], w["cross"])
-
-    @classmethod
-    def from_torch(cls, layer: nn.TransformerDecoderLayer, *, backend: str = "auto") -> "DecoderLayer":
-        """A ``DecoderLayer`` with the weights and settings of a PyTorch decoder layer.
-
-        Batch first whatever ``layer.batch_first`` says; equal to ``layer`` in eval mode (the
-        attention-weight dropout of ``nn.MultiheadAttention`` has no counterpart here).
-        """
-        fn = "DecoderLayer.from_torch"
-        if not isinstance(layer, nn.TransformerDecoderLayer):
-            raise TypeError(f"{fn}: `layer` must be an nn.TransformerDecoderLayer, got {type(layer).__name__}")
-        new = cls(**torch_layer_settings(layer, fn=fn), backend=backend)
-        new.self_attn = Attention.from_torch(layer.self_attn, backend=backend)
-        new.multihead_attn = Attention.from_torch(layer.multihead_attn, backend=backend)
-        new.norm1, new.norm2, new.norm3 = (LayerNorm.from_torch(n) for n in
-                                           (layer.norm1, layer.norm2, layer.norm3))
-        new.ffn.linear1.load_state_dict(layer.linear1.state_dict())
-        new.ffn.linear2.load_state_dict(layer.linear2.state_dict())
-        return new
-
-
-# ---------------------------------------------------------------------------------------------
-# The model
-# ---------------------------------------------------------------------------------------------
-
-class DecoderCache:
-    """Everything incremental decoding keeps between steps: one self- and one cross-attention
-    :class:`KVCache` per decoder layer, and how many target positions are already inside."""
-
-    def __init__(self, n_layers: int):
-        self.layers = [(KVCache(), KVCache(static=True)) for _ in range(n_layers)]
-        self.length = 0
-
-    def select(self, rows: torch.Tensor) -> "DecoderCache":
-        """The cache for hypotheses whose row n continues row ``rows[n]`` of this one."""
-        new = DecoderCache(0)
-        new.layers = [(s.select(rows), c.select(rows)) for s, c in self.layers]
-        new.length = self.length
-        return new
 
 
 class AttentionMaps(NamedTuple):
@@ -333,7 +68,8 @@ class Transformer(nn.Module):
         logits = h W_out                               (one projection, after the N layers)
 
     The encoder layers are chapter 08's ``EncoderLayer``; the decoder layers are
-    :class:`DecoderLayer`. Every decoder layer's cross-attention reads the same ``memory``.
+    ``DecoderLayer``; both come from ``blocks`` and take ``rope`` at construction. Every
+    decoder layer's cross-attention reads the same ``memory``.
     With ``final_norm`` (default: True for Pre-LN, where the residual stream is never
     normalised otherwise, chapter 08; False for Post-LN as in the paper) one LayerNorm follows
     each stack; ``nn.Transformer`` always has both, and :meth:`from_torch` copies them.
@@ -386,10 +122,10 @@ class Transformer(nn.Module):
         check_choice("activation", activation, ACTIVATIONS, fn=fn)
         final_norm = norm_first if final_norm is None else check_bool("final_norm", final_norm, fn=fn)
         self.max_len = check_int("max_len", max_len, fn=fn)
+        check_dtype("dtype", dtype, fn=fn)
         factory = {"device": device, "dtype": dtype}
         layer_kw = dict(norm_first=norm_first, dropout=dropout, activation=activation, eps=eps,
-                        backend=backend, **factory)
-        rope = positions == "rope"
+                        rope=positions == "rope", backend=backend, **factory)
 
         self.src_embed = nn.Embedding(src_vocab, d_model, **factory)
         self.tgt_embed = nn.Embedding(tgt_vocab, d_model, **factory)
@@ -397,13 +133,9 @@ class Transformer(nn.Module):
             self.src_pos = nn.Embedding(max_len, d_model, **factory)
             self.tgt_pos = nn.Embedding(max_len, d_model, **factory)
         self.dropout = nn.Dropout(dropout)
-        self.encoder = nn.ModuleList()
-        for _ in range(n_layers):
-            layer = EncoderLayer(d_model, n_heads, d_ff, **layer_kw)
-            if rope:   # chapter 08's layer with a self-attention that rotates q and k
-                layer.self_attn = Attention(d_model, n_heads, rope=True, backend=backend, **factory)
-            self.encoder.append(layer)
-        self.decoder = nn.ModuleList(DecoderLayer(d_model, n_heads, d_ff, rope=rope, **layer_kw)
+        self.encoder = nn.ModuleList(EncoderLayer(d_model, n_heads, d_ff, **layer_kw)
+                                     for _ in range(n_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(d_model, n_heads, d_ff, **layer_kw)
                                      for _ in range(n_layers))
         self.encoder_norm = LayerNorm(d_model, eps, **factory) if final_norm else None
         self.decoder_norm = LayerNorm(d_model, eps, **factory) if final_norm else None
@@ -430,50 +162,23 @@ class Transformer(nn.Module):
         return (f"{order}, positions={self.positions!r}, tie_embeddings={self.tie_embeddings}, "
                 f"final_norm={self.final_norm}")
 
-    # --------------------------------------------------------------------------------- inputs
-    def _check_tokens(self, name, t, vocab, fn):
-        check_tensor(name, t, fn=fn, min_ndim=2, floating=False)
-        if t.ndim != 2 or t.dtype != torch.long:
-            raise TypeError(f"{fn}: `{name}` must be a 2-D torch.long tensor (B, T) of token ids, got {describe(t)}")
-        if t.shape[1] == 0:
-            raise ValueError(f"{fn}: `{name}` must hold at least one position, got {describe(t)}")
-        if t.numel() and ((t < 0).any() or (t >= vocab).any()):
-            raise ValueError(f"{fn}: `{name}` must hold ids in [0, {vocab}), got min {int(t.min())}, "
-                             f"max {int(t.max())}")
-        if t.device != self.output.weight.device:
-            raise ValueError(f"{fn}: `{name}` is on {t.device} but the model is on {self.output.weight.device}")
-
-    @staticmethod
-    def _check_pad(name, pad, tokens, fn):
-        if pad is None:
-            return None
-        check_tensor(name, pad, fn=fn, min_ndim=2, floating=False)
-        if pad.dtype != torch.bool:
-            raise TypeError(f"{fn}: `{name}` must be a bool tensor (True = real token), got {describe(pad)}")
-        if pad.shape != tokens.shape:
-            raise ValueError(f"{fn}: `{name}` must have the shape of its tokens {tuple(tokens.shape)}, "
-                             f"got {tuple(pad.shape)}")
-        return pad
-
+    # -------------------------------------------------------------------------------- forward
     def _embed(self, tokens, table, pos_table, start=0):
         """Emb(tokens) sqrt(d_model) + PE(start, start + 1, ...), then dropout (eq-ch10-embed)."""
         t = tokens.shape[1]
         x = table(tokens) * math.sqrt(self.d_model)                  # (B, T, d_model)
         if self.positions == "sinusoidal":
-            pe = sinusoidal_encoding(start + t, self.d_model, dtype=x.dtype,
+            pe = sinusoidal_encoding(max(start + t, 1), self.d_model, dtype=x.dtype,
                                      device=x.device)                # (start + T, d_model)
-            x = x + pe[start:]
+            x = x + pe[start:start + t]
         elif self.positions == "learned":
-            if start + t > self.max_len:
-                raise ValueError(f"Transformer: learned positions cover {self.max_len} "
-                                 f"positions (max_len), got a sequence of {start + t}")
             x = x + pos_table(torch.arange(start, start + t, device=x.device))
         return self.dropout(x)
 
     def _self_mask(self, pad, tq, tk, causal, dtype):
         """The self-attention mask: key padding, plus ALiBi's bias (which holds the causal -inf)."""
         mask = None if pad is None else pad[:, None, None, :]               # (B, 1, 1, Tk)
-        if self.positions != "alibi":
+        if self.positions != "alibi" or tk == 0:
             return mask, causal
         bias = alibi_bias(self.n_heads, tk, symmetric=not causal, dtype=dtype,
                           device=self.output.weight.device)[:, tk - tq:]     # (H, Tq, Tk): last rows
@@ -481,16 +186,13 @@ class Transformer(nn.Module):
             bias = bias + mask_to_additive(mask, dtype)                      # (B, H, Tq, Tk)
         return bias, False
 
-    # -------------------------------------------------------------------------------- forward
     def encode(self, src: torch.Tensor, *, src_pad: torch.Tensor | None = None,
                need_weights: bool = False):
         """The encoder: ``memory`` ``(B, S, d_model)`` (and its attention maps if asked).
 
         Padded positions of ``memory`` hold values; every cross-attention masks them out.
         """
-        fn = "Transformer.encode"
-        self._check_tokens("src", src, self.src_vocab, fn)
-        src_pad = self._check_pad("src_pad", src_pad, src, fn)
+        _check_encode(self, src, src_pad, need_weights)
         x = self._embed(src, self.src_embed, getattr(self, "src_pos", None))
         mask, _ = self._self_mask(src_pad, src.shape[1], src.shape[1], False, x.dtype)
         maps = []
@@ -514,26 +216,10 @@ class Transformer(nn.Module):
             memory: ``encode``'s output ``(B, S, d_model)``, or ``(1, S, d_model)`` shared by
                 every row.
             src_pad, tgt_pad: bool pad masks, True = real token (``tgt_pad`` not with a cache).
-            cache: a :class:`DecoderCache` (from :meth:`new_cache`), updated in place.
+            cache: a ``DecoderCache`` (from :meth:`new_cache`), updated in place.
             need_weights: also return ``(self_maps, cross_maps)``, lists over layers.
         """
-        fn = "Transformer.decode"
-        self._check_tokens("tgt", tgt, self.tgt_vocab, fn)
-        tgt_pad = self._check_pad("tgt_pad", tgt_pad, tgt, fn)
-        check_tensor("memory", memory, fn=fn, min_ndim=3)
-        if memory.ndim != 3 or memory.shape[-1] != self.d_model or memory.shape[0] not in (1, tgt.shape[0]):
-            raise ValueError(f"{fn}: `memory` must be (B or 1, S, d_model={self.d_model}) with B = "
-                             f"{tgt.shape[0]}, got {describe(memory)}")
-        if src_pad is not None:
-            check_tensor("src_pad", src_pad, fn=fn, min_ndim=2, floating=False)
-            if src_pad.dtype != torch.bool or src_pad.shape != memory.shape[:2]:
-                raise ValueError(f"{fn}: `src_pad` must be bool (B, S) = {tuple(memory.shape[:2])}, "
-                                 f"got {describe(src_pad)}")
-        if cache is not None and not isinstance(cache, DecoderCache):
-            raise TypeError(f"{fn}: `cache` must be a DecoderCache or None, got {type(cache).__name__}")
-        if cache is not None and tgt_pad is not None:
-            raise ValueError(f"{fn}: incremental decoding (a cache) takes no `tgt_pad`: every row "
-                             f"holds the same number of real tokens")
+        _check_decode(self, tgt, memory, src_pad, tgt_pad, cache, need_weights)
         if cache is None and memory.shape[0] != tgt.shape[0]:                  # one shared memory
             memory = memory.expand(tgt.shape[0], -1, -1)
         start = 0 if cache is None else cache.length
@@ -564,16 +250,14 @@ class Transformer(nn.Module):
             src_pad, tgt_pad: bool ``(B, S)`` / ``(B, T)``, True = a real token (e.g.
                 ``Batch.src_mask`` / ``Batch.tgt_mask``); None = no padding.
         """
-        self._check_tokens("tgt", tgt, self.tgt_vocab, "Transformer.forward")
-        if tgt.shape[0] != src.shape[0]:
-            raise ValueError(f"Transformer.forward: `src` and `tgt` must share the batch size, got "
-                             f"{tuple(src.shape)} and {tuple(tgt.shape)}")
+        _check_pair(self, src, tgt, "Transformer.forward")
         memory = self.encode(src, src_pad=src_pad)
         return self.decode(tgt, memory, src_pad=src_pad, tgt_pad=tgt_pad)
 
     def attention_maps(self, src: torch.Tensor, tgt: torch.Tensor, *, src_pad=None,
                        tgt_pad=None) -> AttentionMaps:
         """Every attention map of a teacher-forced pass (no gradients), as ``AttentionMaps``."""
+        _check_pair(self, src, tgt, "Transformer.attention_maps")
         with torch.no_grad():
             memory, enc = self.encode(src, src_pad=src_pad, need_weights=True)
             _, dec, cross = self.decode(tgt, memory, src_pad=src_pad, tgt_pad=tgt_pad, need_weights=True)
@@ -581,7 +265,7 @@ class Transformer(nn.Module):
 
     # ------------------------------------------------------------------------------- decoding
     def new_cache(self) -> DecoderCache:
-        """An empty :class:`DecoderCache` for :meth:`decode`."""
+        """An empty ``DecoderCache`` for :meth:`decode`."""
         return DecoderCache(self.n_layers)
 
     def _step(self, memory, src_pad, *, shared: bool, cache: bool):
@@ -594,7 +278,6 @@ class Transformer(nn.Module):
         whole prefix.
         """
         state = {"prefixes": None, "cache": None}
-        fn = "Transformer step"
 
         def parents(prefixes):
             prev = state["prefixes"]
@@ -609,62 +292,42 @@ class Transformer(nn.Module):
             return None if None in rows else torch.tensor(rows)
 
         def step(prefixes: torch.Tensor) -> torch.Tensor:
-            self._check_tokens("prefixes", prefixes, self.tgt_vocab, fn)
+            _check_prefixes(self, prefixes, memory, shared)
             n = prefixes.shape[0]
-            if not shared and n != memory.shape[0]:
-                raise ValueError(f"{fn}: `prefixes` must have one row per source "
-                                 f"({memory.shape[0]}), got {n}")
-            was_training = self.training
-            if was_training:                  # toggling walks every module: only if needed
-                self.eval()
-            try:
-                with torch.no_grad():
-                    if not cache:
-                        mem = memory.expand(n, *memory.shape[1:]) if shared else memory
-                        pad = None if src_pad is None else src_pad.expand(n, -1)
-                        logits = self.decode(prefixes, mem, src_pad=pad)[:, -1]
+            with eval_mode(self), torch.no_grad():
+                if not cache:
+                    mem = memory.expand(n, *memory.shape[1:]) if shared else memory
+                    pad = None if src_pad is None else src_pad.expand(n, -1)
+                    logits = self.decode(prefixes, mem, src_pad=pad)[:, -1]
+                else:
+                    rows = parents(prefixes)
+                    if rows is None:
+                        c, new = self.new_cache(), prefixes
                     else:
-                        rows = parents(prefixes)
-                        if rows is None:
-                            c, new = self.new_cache(), prefixes
-                        else:
-                            c, new = state["cache"].select(rows), prefixes[:, -1:]
-                        logits = self.decode(new, memory, src_pad=src_pad, cache=c)[:, -1]
-                        state["prefixes"], state["cache"] = prefixes, c
-            finally:
-                if was_training:
-                    self.train()
+                        c, new = state["cache"].select(rows), prefixes[:, -1:]
+                    logits = self.decode(new, memory, src_pad=src_pad, cache=c)[:, -1]
+                    state["prefixes"], state["cache"] = prefixes, c
             return F.log_softmax(logits, dim=-1)                             # (N, V)
 
         return step
 
-    def step_fn(self, src: torch.Tensor, *, cache: bool = True):
-        """The decoding protocol for ONE source ``src`` (1-D, no padding): ``step(prefixes)``.
+    def step_fn(self, src: torch.Tensor, *, cache: bool = True, src_pad: torch.Tensor | None = None):
+        """The decoding protocol for ONE source ``src`` (1-D): ``step(prefixes)``.
 
         Use it with ``beam_search``, ``greedy_decode`` or ``exact_map`` (chapter 02).
+        ``src_pad`` (1-D bool, True = real token) hides padded source positions.
         """
-        fn = "Transformer.step_fn"
-        check_tensor("src", src, fn=fn, min_ndim=1, floating=False)
-        if src.ndim != 1:
-            raise ValueError(f"{fn}: `src` must be one sentence, a 1-D tensor, got shape {tuple(src.shape)}; "
-                             f"for a batch use batch_step_fn")
-        cache = check_bool("cache", cache, fn=fn)
-        with torch.no_grad():
-            was_training = self.training
-            self.eval()
-            memory = self.encode(src[None])
-            self.train(was_training)
-        return self._step(memory, None, shared=True, cache=cache)
+        _check_step_fn(src, src_pad, cache)
+        with eval_mode(self), torch.no_grad():
+            memory = self.encode(src[None], src_pad=None if src_pad is None else src_pad[None])
+        return self._step(memory, None if src_pad is None else src_pad[None], shared=True, cache=cache)
 
     def batch_step_fn(self, src: torch.Tensor, src_pad: torch.Tensor | None = None, *, cache: bool = True):
         """Like :meth:`step_fn` for a padded batch: row n of ``prefixes`` continues source n
         (the protocol of ``greedy_decode_batch``)."""
-        cache = check_bool("cache", cache, fn="Transformer.batch_step_fn")
-        with torch.no_grad():
-            was_training = self.training
-            self.eval()
+        check_bool("cache", cache, fn="Transformer.batch_step_fn")
+        with eval_mode(self), torch.no_grad():
             memory = self.encode(src, src_pad=src_pad)
-            self.train(was_training)
         return self._step(memory, src_pad, shared=False, cache=cache)
 
     def generate(self, src: torch.Tensor, *, bos: int, eos: int, max_len: int, beam_size: int = 1,
@@ -674,29 +337,28 @@ class Transformer(nn.Module):
 
         Returns one token list per row: the generated ids without BOS, ending with ``eos``
         (forced at ``max_len``), exactly the ``tokens`` of chapter 02's ``Hypothesis``.
-        ``cache`` toggles the key/value cache (the result is the same, only the cost differs).
+        ``cache`` toggles the key/value cache (the result is the same, only the cost differs);
+        ``alpha`` >= 0 is beam search's length penalty (chapter 02). Both searches read every
+        row with its ``src_pad`` (right padding: the result is the unpadded row's).
         """
-        fn = "Transformer.generate"
-        self._check_tokens("src", src, self.src_vocab, fn)
-        src_pad = self._check_pad("src_pad", src_pad, src, fn)
-        beam_size = check_int("beam_size", beam_size, fn=fn)
-        cache = check_bool("cache", cache, fn=fn)
+        _check_generate(self, src, src_pad, bos, eos, max_len, beam_size, cache, alpha)
+        if src.shape[0] == 0:
+            return []
         if beam_size == 1:
             hyps = greedy_decode_batch(self.batch_step_fn(src, src_pad, cache=cache), batch_size=src.shape[0],
                                        bos=bos, eos=eos, max_len=max_len)
             return [list(h.tokens) for h in hyps]
         out = []
         for i in range(src.shape[0]):
-            row = src[i] if src_pad is None else src[i][src_pad[i]]
-            best = beam_search(self.step_fn(row, cache=cache), bos=bos, eos=eos, beam_size=beam_size,
-                               max_len=max_len, alpha=alpha)[0]
+            step = self.step_fn(src[i], cache=cache, src_pad=None if src_pad is None else src_pad[i])
+            best = beam_search(step, bos=bos, eos=eos, beam_size=beam_size, max_len=max_len, alpha=alpha)[0]
             out.append(list(best.tokens))
         return out
 
     # ---------------------------------------------------------------------------- from torch
     @classmethod
     def from_torch(cls, model: nn.Transformer, src_embed: nn.Embedding, tgt_embed: nn.Embedding,
-                   output: nn.Linear | None = None, *, backend: str = "auto") -> "Transformer":
+                   output: nn.Linear | None = None, *, backend: str = "auto") -> Transformer:
         """A ``Transformer`` with the weights of ``torch.nn.Transformer`` plus its embeddings and output.
 
         ``nn.Transformer`` has no embeddings and no output layer, so they are passed separately:
@@ -708,25 +370,8 @@ class Transformer(nn.Module):
         torch's masks (True = padding) become ``src_pad = ~src_key_padding_mask``.
         """
         fn = "Transformer.from_torch"
-        if not isinstance(model, nn.Transformer):
-            raise TypeError(f"{fn}: `model` must be an nn.Transformer, got {type(model).__name__}")
-        for name, emb in (("src_embed", src_embed), ("tgt_embed", tgt_embed)):
-            if not isinstance(emb, nn.Embedding):
-                raise TypeError(f"{fn}: `{name}` must be an nn.Embedding, got {type(emb).__name__}")
-            if emb.embedding_dim != model.d_model:
-                raise ValueError(f"{fn}: `{name}` must have embedding_dim d_model = {model.d_model}, "
-                                 f"got {emb.embedding_dim}")
-        if output is not None:
-            if not isinstance(output, nn.Linear):
-                raise TypeError(f"{fn}: `output` must be an nn.Linear or None, got {type(output).__name__}")
-            if output.bias is not None or output.weight.shape != tgt_embed.weight.shape:
-                raise ValueError(f"{fn}: `output` must be nn.Linear(d_model, tgt_vocab, bias=False) with "
-                                 f"weight {tuple(tgt_embed.weight.shape)}, got weight "
-                                 f"{tuple(output.weight.shape)}, bias {output.bias is not None}")
+        _check_from_torch(model, src_embed, tgt_embed, output, fn)
         enc_layers, dec_layers = model.encoder.layers, model.decoder.layers
-        if len(enc_layers) != len(dec_layers):
-            raise ValueError(f"{fn}: encoder and decoder must have as many layers, got "
-                             f"{len(enc_layers)} and {len(dec_layers)}")
         tied = output is None or output.weight is tgt_embed.weight
         settings = torch_layer_settings(enc_layers[0], fn=fn)
         settings.pop("bias")  # the layers are replaced below by from_torch copies, biases included
@@ -744,51 +389,3 @@ class Transformer(nn.Module):
             if not tied:
                 new.output.weight.copy_(output.weight)
         return new
-
-
-# ---------------------------------------------------------------------------------------------
-# The training recipe (Vaswani et al. 2017, section 5)
-# ---------------------------------------------------------------------------------------------
-
-def label_smoothed_cross_entropy(logits: torch.Tensor, target: torch.Tensor, *,
-                                 smoothing: float, pad_id: int = 0) -> torch.Tensor:
-    """Cross-entropy against the smoothed target (1 - eps) onehot(y) + eps / V (chapter 10).
-
-    loss = mean over non-PAD positions of
-           (1 - eps) (-log p_y) + (eps / V) sum_c (-log p_c),
-    the definition of Szegedy et al. 2016 and of ``F.cross_entropy(label_smoothing=eps)``:
-    every one of the V classes, the true one and PAD included, gets eps / V.
-    ``eps = 0`` is ``train.token_cross_entropy``.
-
-    Args: logits ``(B, T, V)``; target ``(B, T)`` long; smoothing eps in [0, 1]; pad_id.
-    Returns a scalar tensor.
-    """
-    fn = "label_smoothed_cross_entropy"
-    check_tensor("logits", logits, fn=fn, min_ndim=2)
-    check_tensor("target", target, fn=fn, min_ndim=1, floating=False)
-    if target.dtype != torch.long or logits.shape[:-1] != target.shape:
-        raise ValueError(f"{fn}: `target` must be torch.long of shape "
-                         f"{tuple(logits.shape[:-1])} (logits without the last dim), "
-                         f"got {describe(target)}")
-    eps = check_float("smoothing", smoothing, fn=fn, minimum=0.0, maximum=1.0)
-    pad_id = check_int("pad_id", pad_id, fn=fn, minimum=0)
-    logp = F.log_softmax(logits, dim=-1)                           # (..., V)
-    nll = -logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)       # -log p_y
-    uniform = -logp.mean(-1)                                       # (1/V) sum_c -log p_c
-    real = target != pad_id
-    loss = (1 - eps) * nll + eps * uniform
-    return loss[real].sum() / real.sum().clamp(min=1)
-
-
-def vaswani_lr(step: int, *, d_model: int, warmup: int = 4000) -> float:
-    """The learning rate of Vaswani et al. 2017, eq. 3 (chapter 10, eq. eq-ch10-lr).
-
-    lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5): a linear rise for ``warmup``
-    steps, then decay as 1/sqrt(step); the peak, at step = warmup, is (d_model * warmup)^-0.5.
-    Steps count from 1.
-    """
-    fn = "vaswani_lr"
-    step = check_int("step", step, fn=fn)
-    d_model = check_int("d_model", d_model, fn=fn)
-    warmup = check_int("warmup", warmup, fn=fn)
-    return d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)

@@ -1,9 +1,8 @@
-"""Tests for attnbook.layers: LayerNorm, FeedForward, residual blocks, EncoderLayer, count_parameters."""
+"""Tests for attnbook.layers: LayerNorm, FeedForward, residual blocks, count_parameters (EncoderLayer: test_blocks)."""
 from __future__ import annotations
 
 import math
 import warnings
-from unittest import mock
 
 import pytest
 import torch
@@ -12,8 +11,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attnbook.blocks import EncoderLayer
 from attnbook.layers import (
-    EncoderLayer,
     FeedForward,
     LayerNorm,
     ResidualBlock,
@@ -291,115 +290,6 @@ def test_residual_block_around_attention_passes_arguments():
         assert (block(x) - expected).abs().max() > 1e-3          # control: the mask reached f
 
 
-# ------------------------------------------------------------------------------------- EncoderLayer
-
-def torch_encoder_layer(norm_first, activation="relu", d=16, h=4, d_ff=40, seed=0, bias=True, batch_first=True):
-    torch.manual_seed(seed)
-    layer = nn.TransformerEncoderLayer(d, h, d_ff, dropout=0.1, activation=activation, batch_first=batch_first,
-                                       norm_first=norm_first, bias=bias, dtype=F64)
-    with torch.no_grad():                 # LayerNorms away from 1 / 0, so that copying them matters
-        for ln in (layer.norm1, layer.norm2):
-            ln.weight.add_(0.3 * torch.randn_like(ln.weight))
-            if ln.bias is not None:
-                ln.bias.add_(0.3 * torch.randn_like(ln.bias))
-        if layer.self_attn.in_proj_bias is not None:
-            layer.self_attn.in_proj_bias.add_(0.1 * torch.randn_like(layer.self_attn.in_proj_bias))
-    return layer.eval()
-
-
-@pytest.mark.parametrize("activation", ["relu", "gelu"])
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_encoder_layer_equals_torch(norm_first, activation):
-    ref = torch_encoder_layer(norm_first, activation)
-    mine = EncoderLayer.from_torch(ref).eval()
-    assert mine.norm_first == norm_first and mine.ffn.activation == activation
-    x = randn(3, 7, 16, seed=19)
-    fused_fn = torch._transformer_encoder_layer_fwd
-    with mock.patch.object(torch, "_transformer_encoder_layer_fwd", wraps=fused_fn) as fused:
-        expected = ref(x)                                      # grad enabled: PyTorch's Python path
-        assert fused.call_count == 0
-        with torch.no_grad():                                  # eval + no_grad: the fused C++ path
-            fast = ref(x)
-        assert fused.call_count == 1                           # (float64 included, torch 2.13)
-    torch.testing.assert_close(mine(x), expected, **TOL)
-    torch.testing.assert_close(mine(x), fast, **TOL)
-    # control: the other norm order (same weights) is a different function
-    other = EncoderLayer.from_torch(ref)
-    other.norm_first = not norm_first
-    assert (other(x) - expected).abs().max() > 1e-2
-
-
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_encoder_layer_gradients_equal_torch(norm_first):
-    ref = torch_encoder_layer(norm_first)
-    mine = EncoderLayer.from_torch(ref).eval()
-    x1 = randn(2, 5, 16, seed=20).requires_grad_()
-    x2 = x1.detach().clone().requires_grad_()
-    w = randn(2, 5, 16, seed=21)
-    (ref(x1) * w).sum().backward()
-    (mine(x2) * w).sum().backward()
-    torch.testing.assert_close(x2.grad, x1.grad, **TOL)
-    torch.testing.assert_close(mine.ffn.linear1.weight.grad, ref.linear1.weight.grad, **TOL)
-    torch.testing.assert_close(mine.norm1.weight.grad, ref.norm1.weight.grad, **TOL)
-    packed = torch.cat([mine.self_attn.q_proj.weight.grad, mine.self_attn.k_proj.weight.grad,
-                        mine.self_attn.v_proj.weight.grad])
-    torch.testing.assert_close(packed, ref.self_attn.in_proj_weight.grad, **TOL)
-
-
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_encoder_layer_with_padding_mask(norm_first):
-    ref = torch_encoder_layer(norm_first, seed=3)
-    mine = EncoderLayer.from_torch(ref).eval()
-    lengths, T = [7, 4, 1], 7
-    x = randn(3, T, 16, seed=22)
-    x[1, 4:] = 1e3 * randn(3, 16, seed=23)                   # garbage in the padded slots
-    keep = padding_mask(lengths, T)                            # (B, 1, 1, T), True = real key
-    pad = ~keep[:, 0, 0, :]                                     # PyTorch: True = padding
-    valid = keep[:, 0, 0, :]
-    expected = ref(x, src_key_padding_mask=pad)
-    got = mine(x, mask=keep)
-    torch.testing.assert_close(got[valid], expected[valid], **TOL)
-    # real positions equal the unpadded computation
-    torch.testing.assert_close(got[1, :4], mine(x[1:2, :4])[0], **TOL)
-    with torch.no_grad():                                      # fast path
-        fast = ref(x, src_key_padding_mask=pad)
-    torch.testing.assert_close(got[valid], fast[valid], **TOL)
-    # control: the unconverted (opposite-polarity) mask gives a different answer
-    wrong = mine(x, mask=pad[:, None, None, :])
-    assert (wrong[0] - expected[0]).abs().max() > 1e-2 or torch.isnan(wrong[0]).any()
-
-
-def test_encoder_layer_causal_mask_equals_torch():
-    ref = torch_encoder_layer(True, seed=4)
-    mine = EncoderLayer.from_torch(ref).eval()
-    x = randn(2, 6, 16, seed=24)
-    causal = nn.Transformer.generate_square_subsequent_mask(6, dtype=F64)   # float 0 / -inf
-    torch.testing.assert_close(mine(x, causal=True), ref(x, src_mask=causal, is_causal=True), **TOL)
-
-
-def test_encoder_layer_bias_false_and_sequence_first():
-    ref = torch_encoder_layer(False, bias=False, batch_first=False, seed=5)
-    mine = EncoderLayer.from_torch(ref).eval()
-    assert sum(p.numel() for p in mine.parameters()) == sum(p.numel() for p in ref.parameters())
-    x = randn(7, 2, 16, seed=25)                                 # (T, B, d) for the torch layer
-    torch.testing.assert_close(mine(x.transpose(0, 1)).transpose(0, 1), ref(x), **TOL)
-
-
-def test_encoder_layer_dropout_and_defaults():
-    layer = EncoderLayer(16, 4, 32, dropout=0.2)
-    x = torch.randn(2, 5, 16)
-    layer.eval()
-    assert torch.equal(layer(x), layer(x))
-    layer.train()
-    torch.manual_seed(0)
-    assert not torch.allclose(layer(x), layer.eval()(x))
-    plain = EncoderLayer(16, 4, 32)                               # dropout 0: train == eval
-    assert torch.equal(plain.train()(x), plain.eval()(x))
-    assert plain.norm_first is False and plain.ffn.activation == "relu"
-    swiglu = EncoderLayer(16, 4, 24, activation="swiglu", norm_first=True)
-    assert swiglu(x).shape == x.shape
-
-
 # ------------------------------------------------------------------------------------- count_parameters
 
 def test_count_parameters_transformer_base_shapes():
@@ -417,6 +307,20 @@ def test_count_parameters_transformer_base_shapes():
     assert sum(full.values()) == 44_140_544 and full["ffn"] == 25_196_544
     assert sum(full.values()) == sum(p.numel() for p in model.parameters())
     assert full["norm"] == (2 * 6 + 3 * 6 + 2) * 2 * d          # 6 + 6 layers and the two final norms
+
+
+def torch_encoder_layer(norm_first, activation="relu", d=16, h=4, d_ff=40, seed=0, bias=True, batch_first=True):
+    torch.manual_seed(seed)
+    layer = nn.TransformerEncoderLayer(d, h, d_ff, dropout=0.1, activation=activation, batch_first=batch_first,
+                                       norm_first=norm_first, bias=bias, dtype=F64)
+    with torch.no_grad():                 # LayerNorms away from 1 / 0, so that copying them matters
+        for ln in (layer.norm1, layer.norm2):
+            ln.weight.add_(0.3 * torch.randn_like(ln.weight))
+            if ln.bias is not None:
+                ln.bias.add_(0.3 * torch.randn_like(ln.bias))
+        if layer.self_attn.in_proj_bias is not None:
+            layer.self_attn.in_proj_bias.add_(0.1 * torch.randn_like(layer.self_attn.in_proj_bias))
+    return layer.eval()
 
 
 def test_count_parameters_mine_equals_torch_by_kind_and_child():
@@ -445,7 +349,7 @@ def test_count_parameters_tied_and_other():
     assert kinds["embedding"] == 40 and kinds["other"] == 1
     assert sum(kinds.values()) == sum(p.numel() for p in lm.parameters())
     children = count_parameters(lm, by="child")
-    assert children["head"] == 0 and children["(own)"] == 1
+    assert "head" not in children and children["(own)"] == 1      # tied: nothing new to count
     assert sum(children.values()) == sum(p.numel() for p in lm.parameters())
     assert count_parameters(nn.Linear(3, 2)) == {"other": 8}
 
@@ -468,14 +372,6 @@ def test_count_parameters_tied_and_other():
     (lambda: swiglu_hidden_size(0), ValueError, "`d_model`"),
     (lambda: ResidualBlock(lambda x: x, 4), TypeError, "`sublayer`"),
     (lambda: ResidualBlock(nn.Identity(), 4, norm_first="yes"), TypeError, "`norm_first`"),
-    (lambda: EncoderLayer(10, 4, 16), ValueError, "`n_heads`"),
-    (lambda: EncoderLayer(8, 2, 16, activation="tanh"), ValueError, "`activation`"),
-    (lambda: EncoderLayer(8, 2, 16)(torch.randn(5, 8)), ValueError, "query"),
-    (lambda: EncoderLayer.from_torch(nn.Linear(2, 2)), TypeError, "TransformerEncoderLayer"),
-    (lambda: EncoderLayer.from_torch(nn.TransformerEncoderLayer(8, 2, 16, activation=torch.tanh)),
-     ValueError, "activation"),
-    (lambda: EncoderLayer.from_torch(nn.TransformerEncoderLayer(8, 2, 16, activation=nn.GELU("tanh"))),
-     ValueError, "activation"),
     (lambda: count_parameters("model"), TypeError, "`module`"),
     (lambda: count_parameters(nn.Linear(2, 2), by="layer"), ValueError, "`by`"),
 ])

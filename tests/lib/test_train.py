@@ -1,6 +1,8 @@
-"""Tests for attnbook.train: fit (budget, seed, progress rule, validation), evaluate, token_cross_entropy."""
+"""Tests for attnbook.train: fit (budget, seed, progress rule, validation), evaluate, eval_mode, the losses
+(token_cross_entropy, label_smoothed_cross_entropy) and vaswani_lr."""
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -9,7 +11,20 @@ import torch.nn.functional as F
 
 from attnbook import train
 from attnbook.data import BOS_ID, EOS_ID, PAD_ID, reversal_task
-from attnbook.train import Accuracy, History, evaluate, fit, progress_mode, token_cross_entropy
+from attnbook.testing import F64_TOL
+from attnbook.train import (
+    Accuracy,
+    History,
+    eval_mode,
+    evaluate,
+    fit,
+    label_smoothed_cross_entropy,
+    progress_mode,
+    token_cross_entropy,
+    vaswani_lr,
+)
+
+f64 = torch.float64
 
 
 def regression(seed=0, n=64):
@@ -228,3 +243,131 @@ def test_token_cross_entropy_ignores_pad_and_equals_mean_nll():
         token_cross_entropy(logits, target[:, :3])
     with pytest.raises(TypeError, match="`target`"):
         token_cross_entropy(logits, target.double())
+
+
+# ------------------------------------------------------------------------------ the recipe of chapter 10
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.5])
+def test_label_smoothing_matches_torch(eps):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, 7, generator=g, dtype=f64)
+    target = torch.randint(1, 7, (3, 5), generator=g)
+    target[0, 3:] = 0                                                       # padding
+    got = label_smoothed_cross_entropy(logits, target, smoothing=eps)
+    expected = F.cross_entropy(logits.reshape(-1, 7), target.reshape(-1), ignore_index=0,
+                               label_smoothing=eps)
+    torch.testing.assert_close(got, expected, **F64_TOL)
+    if eps:   # control: spreading eps over the V - 1 wrong classes only is another loss
+        logp = F.log_softmax(logits, -1)
+        q = torch.full_like(logp, eps / 6).scatter(-1, target[..., None], 1 - eps)
+        other = -(q * logp).sum(-1)[target != 0].mean()
+        assert abs(other - got) > 1e-4
+
+
+def test_vaswani_lr():
+    d, warm = 512, 4000
+    lrs = [vaswani_lr(s, d_model=d, warmup=warm) for s in range(1, 20001)]
+    peak = max(range(len(lrs)), key=lrs.__getitem__) + 1
+    assert peak == warm
+    assert math.isclose(lrs[warm - 1], (d * warm) ** -0.5, rel_tol=1e-12)
+    assert math.isclose(lrs[99] / lrs[49], 2.0, rel_tol=1e-12)                # linear rise
+    assert math.isclose(lrs[15999] / lrs[3999], 0.5, rel_tol=1e-12)           # 1/sqrt(step) decay
+
+
+
+def test_label_smoothing_and_lr_validation():
+    with pytest.raises(ValueError, match="smoothing"):
+        label_smoothed_cross_entropy(torch.zeros(2, 3, 4), torch.zeros(2, 3, dtype=torch.long), smoothing=1.5)
+    with pytest.raises(ValueError, match="target"):
+        label_smoothed_cross_entropy(torch.zeros(2, 3, 4), torch.zeros(2, 4, dtype=torch.long), smoothing=0.1)
+    with pytest.raises(ValueError, match="step"):
+        vaswani_lr(0, d_model=8)
+
+
+# ------------------------------------------------------------------------------ bad input, edge cases
+
+def test_all_pad_target_is_nan_in_both_losses_like_torch():
+    logits = torch.randn(2, 3, 5, dtype=f64)
+    target = torch.zeros(2, 3, dtype=torch.long)                             # every position is PAD
+    torch_loss = F.cross_entropy(logits.reshape(-1, 5), target.reshape(-1), ignore_index=0)
+    assert torch.isnan(torch_loss)                                           # PyTorch's convention
+    assert torch.isnan(token_cross_entropy(logits, target, pad_id=0))
+    for eps in (0.0, 0.1):
+        assert torch.isnan(label_smoothed_cross_entropy(logits, target, smoothing=eps, pad_id=0))
+    h = fit(linear(), [regression()], loss_fn=lambda m, b: token_cross_entropy(
+        m(b[0])[None].expand(1, -1, 3), torch.zeros(1, 64, dtype=torch.long)),
+        steps=3, lr=0.1, seed=0, progress=False)
+    assert h.stopped_by == "nonfinite" and h.steps == 1                      # fit names such a batch
+
+
+@pytest.mark.parametrize("pad_id", [0, 4, 5, 9])
+def test_losses_agree_at_smoothing_zero_and_accept_pad_outside_the_vocabulary(pad_id):
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, 4, 5, generator=g, dtype=f64)
+    target = torch.randint(0, 5, (3, 4), generator=g)
+    target[target == pad_id] = (pad_id + 1) % 5
+    target[1, 2:] = pad_id                                                   # PAD, maybe >= V
+    expected = F.cross_entropy(logits.reshape(-1, 5), target.reshape(-1), ignore_index=pad_id)
+    tce = token_cross_entropy(logits, target, pad_id=pad_id)
+    lsce = label_smoothed_cross_entropy(logits, target, smoothing=0.0, pad_id=pad_id)
+    torch.testing.assert_close(tce, expected, **F64_TOL)
+    torch.testing.assert_close(lsce, expected, **F64_TOL)
+    smoothed = F.cross_entropy(logits.reshape(-1, 5), target.reshape(-1), ignore_index=pad_id,
+                               label_smoothing=0.2)
+    torch.testing.assert_close(label_smoothed_cross_entropy(logits, target, smoothing=0.2, pad_id=pad_id),
+                               smoothed, **F64_TOL)
+
+
+@pytest.mark.parametrize("loss", [token_cross_entropy,
+                                  lambda lg, t, **kw: label_smoothed_cross_entropy(lg, t, smoothing=0.1, **kw)])
+def test_losses_reject_target_ids_outside_the_vocabulary(loss):
+    logits = torch.zeros(1, 3, 5)
+    for bad in (5, 7, -1):
+        target = torch.tensor([[1, bad, 0]])
+        with pytest.raises(ValueError, match=r"`target` ids other than pad_id=0 must lie in \[0, 5\)"):
+            loss(logits, target)
+    with pytest.raises(TypeError, match="`logits` must be a torch.Tensor"):
+        loss([[0.0]], torch.tensor([[1]]))
+    with pytest.raises(ValueError, match="`pad_id`"):
+        loss(logits, torch.tensor([[1, 2, 3]]), pad_id=-1)
+
+
+def test_fit_rejects_an_empty_iterator_like_an_empty_list():
+    for empty in ([], iter([]), (b for b in [])):
+        with pytest.raises(ValueError, match="`batches` is empty"):
+            fit(linear(), empty, loss_fn=mse, steps=3, lr=0.1, seed=0, progress=False)
+    h = fit(linear(), iter([regression()]), loss_fn=mse, steps=3, lr=0.1, seed=0, progress=False)
+    assert h.stopped_by == "data" and h.steps == 1                           # ran out later: fine
+
+
+def test_fit_rejects_a_loss_that_does_not_depend_on_the_parameters():
+    with pytest.raises(ValueError, match="`loss_fn` returned a loss that does not depend"):
+        fit(linear(), [regression()], loss_fn=lambda m, b: torch.tensor(1.0), steps=2, lr=0.1, seed=0,
+            progress=False)
+
+
+def test_evaluate_rejects_negative_ids_in_a_tensor_like_in_a_list():
+    good = torch.tensor([[3, 4, EOS_ID]])
+    for bad in (torch.tensor([[3, -1, EOS_ID]]), [[3, -1, EOS_ID]]):
+        with pytest.raises(ValueError, match=r"evaluate: `pred(\[i\]\[j\])?` must .*>= 0"):
+            evaluate(bad, good)
+        with pytest.raises(ValueError, match=r"evaluate: `target(\[i\]\[j\])?` must .*>= 0"):
+            evaluate(good, bad)
+
+
+def test_eval_mode_switches_and_restores_even_on_error():
+    m = torch.nn.Sequential(torch.nn.Dropout(0.5)).train()
+    with eval_mode(m) as same:
+        assert same is m and not m.training and not m[0].training
+    assert m.training and m[0].training
+    with pytest.raises(RuntimeError, match="boom"):
+        with eval_mode(m):
+            raise RuntimeError("boom")
+    assert m.training
+    m.eval()
+    with eval_mode(m):
+        assert not m.training
+    assert not m.training                                                    # was eval: stays eval
+    with pytest.raises(TypeError, match="`module`"):
+        with eval_mode("model"):
+            pass

@@ -17,15 +17,8 @@ from attnbook.decoding import beam_search, greedy_decode
 from attnbook.layers import count_parameters
 from attnbook.positional import sinusoidal_encoding
 from attnbook.testing import assert_close_to_reference
-from attnbook.transformer import (
-    POSITIONS,
-    Attention,
-    DecoderLayer,
-    KVCache,
-    Transformer,
-    label_smoothed_cross_entropy,
-    vaswani_lr,
-)
+from attnbook.multihead import MultiHeadAttention
+from attnbook.transformer import POSITIONS, Transformer
 from attnbook.testing import F64_TOL, import_triton_flash
 
 f64 = torch.float64
@@ -132,18 +125,6 @@ def test_from_torch_ignores_batch_first_and_the_default_tie():
         torch.testing.assert_close(mine(src, tgt, src_pad=src_pad, tgt_pad=tgt_pad), expected, **F64_TOL)
 
 
-def test_decoder_layer_from_torch_alone():
-    torch.manual_seed(0)
-    ref = nn.TransformerDecoderLayer(D, H, DFF, dropout=0.2, activation="gelu", batch_first=True,
-                                     dtype=f64).eval()
-    _perturb_norms(ref)
-    mine = DecoderLayer.from_torch(ref).eval()
-    x, mem = torch.randn(2, 5, D, dtype=f64), torch.randn(2, 6, D, dtype=f64)
-    with torch.no_grad():
-        expected = ref(x, mem, tgt_mask=nn.Transformer.generate_square_subsequent_mask(5, dtype=f64))
-        torch.testing.assert_close(mine(x, mem).out, expected, **F64_TOL)
-
-
 def test_square_subsequent_mask_is_the_seeds_float_mask():
     for t in (1, 4, 9):
         m = nn.Transformer.generate_square_subsequent_mask(t, dtype=f64)
@@ -212,7 +193,7 @@ def test_attention_maps_respect_the_masks():
 def _logits_by_backend(backend, dtype, positions="sinusoidal", norm_first=False):
     m = model(positions, norm_first, dtype=dtype)
     for mod in m.modules():
-        if isinstance(mod, Attention) or type(mod).__name__ == "MultiHeadAttention":
+        if isinstance(mod, MultiHeadAttention):                 # CachedAttention included
             mod.backend = backend
     src, tgt, src_pad, tgt_pad = batch()
     with torch.no_grad():
@@ -292,17 +273,7 @@ def test_step_starts_afresh_when_prefixes_do_not_extend():
         torch.testing.assert_close(step(p), fresh(p), **F64_TOL)
 
 
-def test_kv_cache_select_and_static():
-    c = KVCache()
-    c.k = c.v = torch.arange(6.0).reshape(3, 1, 2, 1)
-    sel = c.select(torch.tensor([2, 2, 0]))
-    assert torch.equal(sel.k[:, 0, 0, 0], torch.tensor([4.0, 4.0, 0.0])) and len(sel) == 2
-    s = KVCache(static=True)
-    s.k = s.v = torch.zeros(1, 1, 4, 1)
-    assert s.select(torch.tensor([0, 0, 0])).k.shape[0] == 1          # a shared memory stays shared
-
-
-# ------------------------------------------------------------------------------ structure, recipe
+# ------------------------------------------------------------------------------ structure
 
 def test_structure_and_parameter_count():
     post, pre = model(), model(norm_first=True)
@@ -335,33 +306,6 @@ def test_gradients_reach_every_parameter():
     m(src, tgt, src_pad=src_pad, tgt_pad=tgt_pad).sum().backward()
     for name, p in m.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
-
-
-@pytest.mark.parametrize("eps", [0.0, 0.1, 0.5])
-def test_label_smoothing_matches_torch(eps):
-    g = torch.Generator().manual_seed(0)
-    logits = torch.randn(3, 5, 7, generator=g, dtype=f64)
-    target = torch.randint(1, 7, (3, 5), generator=g)
-    target[0, 3:] = 0                                                       # padding
-    got = label_smoothed_cross_entropy(logits, target, smoothing=eps)
-    expected = F.cross_entropy(logits.reshape(-1, 7), target.reshape(-1), ignore_index=0,
-                               label_smoothing=eps)
-    torch.testing.assert_close(got, expected, **F64_TOL)
-    if eps:   # control: spreading eps over the V - 1 wrong classes only is another loss
-        logp = F.log_softmax(logits, -1)
-        q = torch.full_like(logp, eps / 6).scatter(-1, target[..., None], 1 - eps)
-        other = -(q * logp).sum(-1)[target != 0].mean()
-        assert abs(other - got) > 1e-4
-
-
-def test_vaswani_lr():
-    d, warm = 512, 4000
-    lrs = [vaswani_lr(s, d_model=d, warmup=warm) for s in range(1, 20001)]
-    peak = max(range(len(lrs)), key=lrs.__getitem__) + 1
-    assert peak == warm
-    assert math.isclose(lrs[warm - 1], (d * warm) ** -0.5, rel_tol=1e-12)
-    assert math.isclose(lrs[99] / lrs[49], 2.0, rel_tol=1e-12)                # linear rise
-    assert math.isclose(lrs[15999] / lrs[3999], 0.5, rel_tol=1e-12)           # 1/sqrt(step) decay
 
 
 # ------------------------------------------------------------------------------ validation
@@ -427,14 +371,3 @@ def test_from_torch_validation():
         Transformer.from_torch(ref, emb, emb, nn.Linear(D, SRC_V))
     with pytest.raises(ValueError, match="as many layers"):
         Transformer.from_torch(nn.Transformer(D, H, 2, 1, DFF), emb, emb)
-    with pytest.raises(TypeError, match="TransformerDecoderLayer"):
-        DecoderLayer.from_torch(ref.encoder.layers[0])
-
-
-def test_label_smoothing_and_lr_validation():
-    with pytest.raises(ValueError, match="smoothing"):
-        label_smoothed_cross_entropy(torch.zeros(2, 3, 4), torch.zeros(2, 3, dtype=torch.long), smoothing=1.5)
-    with pytest.raises(ValueError, match="target"):
-        label_smoothed_cross_entropy(torch.zeros(2, 3, 4), torch.zeros(2, 4, dtype=torch.long), smoothing=0.1)
-    with pytest.raises(ValueError, match="step"):
-        vaswani_lr(0, d_model=8)
