@@ -25,6 +25,7 @@ from . import attention  # noqa: F401  (each topic module registers its exercise
 from . import clipping  # noqa: F401
 from . import heads  # noqa: F401
 from . import layernorm  # noqa: F401
+from . import online  # noqa: F401
 from . import positional  # noqa: F401
 
 __all__ = ["Case", "Exercise", "check", "get", "list"]

@@ -1,0 +1,107 @@
+"""Chapter 09's exercise ``ch09.online_softmax``: softmax in one pass over blocks of columns.
+
+The reader keeps a running max ``m_i`` and sum ``l_i`` per row: ``m' = max(m, rowmax(x_b))``,
+``l' = exp(m - m') * l + rowsum(exp(x_b - m'))``, then ``softmax(x) = exp(x - m) / l``. The
+classic bugs forget to rescale the old sum when the max grows, rescale the wrong way, get NaN
+when a whole block (or row) is -inf (``exp(-inf - (-inf))``), or drop the last, partial block.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..flash import online_softmax as _lib_online_softmax
+from ._core import Case, Exercise, register
+from ._report import close
+
+NEG_INF = float("-inf")
+
+
+def online_softmax(x, block):
+    """Softmax over the last dim, statistics gathered ``block`` columns at a time (chapter 09)."""
+    return _lib_online_softmax(x, block=block)
+
+
+def _variant(x, block, *, rescale="right", guard=True, tail=True):
+    """The reader's loop, with the choices a bug may get wrong."""
+    m = torch.full(x.shape[:-1] + (1,), NEG_INF, dtype=x.dtype)
+    l_i = torch.zeros_like(m)
+    n = x.shape[-1] if tail else x.shape[-1] - x.shape[-1] % block
+    for j in range(0, n, block):
+        xb = x[..., j:j + block]
+        m_new = torch.maximum(m, xb.amax(-1, keepdim=True))
+        m_use = m_new.masked_fill(m_new == NEG_INF, 0.0) if guard else m_new
+        alpha = {"right": torch.exp(m - m_use), "none": torch.ones_like(m),
+                 "inverted": torch.exp(m_use - m)}[rescale]
+        l_i = alpha * l_i + torch.exp(xb - m_use).sum(-1, keepdim=True)
+        m = m_new
+    m_use = m.masked_fill(m == NEG_INF, 0.0) if guard else m
+    out = torch.exp(x - m_use) / (l_i.masked_fill(l_i == 0, 1.0) if guard else l_i)
+    return out
+
+
+def _no_rescale(x, block):
+    return _variant(x, block, rescale="none")
+
+
+def _inverted(x, block):
+    return _variant(x, block, rescale="inverted")
+
+
+def _no_guard(x, block):
+    return _variant(x, block, guard=False)
+
+
+def _tail(x, block):
+    return _variant(x, block, tail=False)
+
+
+BUGS = {
+    "sum_not_rescaled": _no_rescale,
+    "rescaled_the_wrong_way": _inverted,
+    "nan_when_a_block_is_all_minus_inf": _no_guard,
+    "last_partial_block_dropped": _tail,
+}
+
+
+def _cases(g):
+    def r(*shape, scale=1.0):
+        return torch.randn(shape, generator=g, dtype=torch.float64) * scale
+    ramp = r(2, 6) + torch.linspace(0, 6, 6, dtype=torch.float64)  # the max grows block by block
+    first_masked = r(3, 6)
+    first_masked[:, :2] = NEG_INF
+    first_masked[2] = NEG_INF
+    return [
+        Case("N 是 block 的整数倍，最大值逐块变大", (ramp, 2), note="N = 6，block = 2：三块。"),
+        Case("N 不是 block 的整数倍", (r(3, 7), 3), note="N = 7，block = 3：最后一块只有 1 列。"),
+        Case("第一块全是 −inf，最后一行整行是 −inf", (first_masked, 2),
+             note="x[:, :2] 是 −inf（例如被遮住的键）；x[2] 整行是 −inf，应输出 0。",
+             tags=frozenset({"masked"})),
+        Case("block = 1", (r(2, 5), 1)),
+        Case("block 比 N 大", (r(2, 5), 8), note="只有一块。"),
+        Case("分数很大（float32）", (r(2, 9, scale=100.0).float(), 4),
+             note="分数的绝对值可达 200 以上。"),
+    ]
+
+
+def _hint(f):
+    x, block = f.inputs["x"], f.inputs["block"]
+    if f.kind == "nan" and "masked" in f.case.tags:
+        if bool(torch.isneginf(x[f.index[:-1]]).all()):
+            return "整行都是 −inf 时应该输出 0，而不是 NaN：这时 l = 0，别让 0/0 出现（分母为 0 时换成 1）。"
+        return ("一整块都是 −inf 时，m_i 和这块的最大值都是 −inf，exp(m_i − m_new) = exp(−inf − (−inf)) = NaN："
+                "m_new 仍是 −inf 时先把它换成 0 再做减法。")
+    if f.kind not in ("value", "nan"):
+        return None
+    if close(f.got, _no_rescale(x, block)):
+        return ("最大值变大时，之前累加的和 l_i 是按旧的最大值算的，要先乘以 α = exp(m_i − m_new) 再加上新块："
+                "l_i' = α·l_i + rowsum(exp(x_b − m_new))。")
+    if close(f.got, _inverted(x, block)):
+        return "α = exp(m_i − m_new) ≤ 1（旧的最大值减新的），你的像是 exp(m_new − m_i)：方向反了。"
+    if close(f.got, _tail(x, block)):
+        return (f"N = {x.shape[-1]} 不是 block = {block} 的整数倍时，最后一块不满 block 列，也要算进去："
+                "range(0, N, block)，切片 x[..., j:j + block] 会自动截短。")
+    return "对照这一行：每块更新 m_i 和 l_i，最后输出 exp(x − m_i) / l_i。"
+
+
+register(Exercise("ch09.online_softmax", "分块的在线 softmax", online_softmax, BUGS, _cases,
+                  (_hint,)))
