@@ -257,6 +257,22 @@ def test_float32_is_judged_by_the_library_rule_not_float64():
     assert ok is False and "第 1 个隐藏测试" in text
 
 
+def test_float64_inputs_need_float64_work_and_low_precision_inputs_set_the_rule():
+    ref = exercises.get("ch04.masked_softmax").solution
+
+    def via_float32(scores, mask):  # float64 in, float64 out, float32 inside
+        return ref(scores.float(), mask).double()
+
+    ok, text = run("ch04.masked_softmax", via_float32)
+    assert ok is False and "第 1 个隐藏测试" in text and "float32" in hint_of(text)
+
+    def upcast(scores, mask):  # computed in the input's dtype, returned as float64: float32 and
+        return ref(scores, mask).double()  # float16 inputs are judged by the rule, not by F64_TOL
+
+    ok, text = run("ch04.masked_softmax", upcast)
+    assert ok is True, text
+
+
 def test_deterministic_and_randomized_per_seed():
     bug = exercises.get("ch04.attention").bugs["no_scaling"]
     assert run("ch04.attention", bug) == run("ch04.attention", bug)

@@ -138,6 +138,15 @@ def _first(mask: torch.Tensor) -> tuple:
     return tuple(int(i) for i in idx)
 
 
+def _working_dtype(dtype: torch.dtype, case: Case) -> torch.dtype:
+    """The least precise of the result's dtype and the case's floating inputs: float32 inputs
+    returned as float64 are judged as float32 (the answer cannot be better than its inputs)."""
+    found = [dtype]
+    _map((case.args, dict(case.kwargs)),
+         lambda t: found.append(t.dtype) if t.is_floating_point() else None)
+    return max(found, key=lambda d: torch.finfo(d).eps)
+
+
 def _compare(ex: Exercise, case: Case, label: str, got, expected, inputs) -> Failure | None:
     """Check one output: type, dtype, shape, NaN/inf, then values (F64_TOL or the library rule)."""
     fail = dict(case=case, inputs=inputs, label=label, got=got, expected=expected)
@@ -157,16 +166,17 @@ def _compare(ex: Exercise, case: Case, label: str, got, expected, inputs) -> Fai
                       ("inf", torch.isinf(g64) & ~torch.isinf(expected))):
         if bad.any():
             return Failure(kind, index=_first(bad), **fail)
-    if got.dtype == torch.float64:
+    dtype = _working_dtype(got.dtype, case)
+    if dtype == torch.float64:
         tol = ex.f64_tol
         bad = (g64 - expected).abs() > tol["atol"] + tol["rtol"] * expected.abs()
         bad &= ~(torch.isinf(expected) & (g64 == expected))
         return Failure("value", index=_first(bad), **fail) if bad.any() else None
     if ex.low_atol is not None:
-        bound = ex.low_atol(case, got.dtype)
-    else:  # FlashAttention's rule: at most 2x the error of the solution run in got's dtype
-        naive = _run(ex, ex.solution, case, got.dtype)[1][label]
-        bound = 2 * max_abs_error(naive, expected) + rounding_step(expected, got.dtype)
+        bound = ex.low_atol(case, dtype)
+    else:  # FlashAttention's rule: at most 2x the error of the solution run in that dtype
+        naive = _run(ex, ex.solution, case, dtype)[1][label]
+        bound = 2 * max_abs_error(naive, expected) + rounding_step(expected, dtype)
     err = (g64 - expected).abs()
     if max_abs_error(got, expected) <= bound:
         return None

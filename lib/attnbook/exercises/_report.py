@@ -148,6 +148,11 @@ def generic_hint(f) -> str:
         return "NaN 通常来自 0/0、inf − inf 或 log(0)：检查分母和被减去的最大值。"
     if f.kind == "inf":
         return "inf 通常来自 exp 的溢出或除以 0：先减去最大值，分母不能为 0。"
+    if f.kind == "value" and f.got.dtype == torch.float64:
+        err = float((f.got - f.expected).abs().max())
+        if err < 1e-3 * max(1.0, float(f.expected.abs().max())):
+            return (f"差别很小（最大约 {err:.1e}）：像是中间某一步用了 float32 或 float16；"
+                    "float64 的输入请全程用 float64 计算（不要写死 dtype=torch.float32，也不要 .float()）。")
     return "对照这一行的期望值和你的值，把这个小例子手算一遍。"
 
 
