@@ -529,3 +529,132 @@ def test_no_line_breaks_between_chinese_characters():
             for m in re.finditer(rf"{_CJK}[ \t]*\n\s*{_CJK}", block.get_text()):
                 found.append(f"{page.relative_to(HTML)}: {m.group(0)!r}")
     assert not found, f"{len(found)} line breaks between Chinese characters, e.g. {found[:5]}"
+
+
+# ------------------------------------------------------------------ code width (CHAPTER.md 14)
+
+# Every code block the reader sees in a chapter: the cells' code (inputs), what they print
+# (outputs), and library source shown with show_source (a Markdown code fence inside an output,
+# captioned "`attnbook/x.py`, lines a–b"). Folded cells (hide-input, dropdowns) are opened first:
+# a reader who clicks them sees the same blocks. For each block: how many pixels of it are hidden
+# to the right (scrollWidth - clientWidth), and how many monospace characters its column shows.
+CODE_WIDTH_PROBE = r"""() => {
+  document.querySelectorAll('details').forEach(d => { d.open = true; });
+  document.querySelectorAll('.toggle-hidden').forEach(e => e.classList.remove('toggle-hidden'));
+  const article = document.querySelector('article.bd-article') || document.body;
+  const caption = pre => {
+    // show_source: the fence's container is preceded, inside the output, by its caption paragraph
+    let box = pre;
+    while (box.parentElement && !box.parentElement.matches('.cell_output, .output')) box = box.parentElement;
+    for (let p = box.previousElementSibling; p; p = p.previousElementSibling) {
+      const m = p.textContent.match(/([\w./-]+\.py)\S*,\s*lines\s+(\d+)\s*[\u2013-]\s*(\d+)/);
+      if (m) return {file: m[1], first: parseInt(m[2])};
+      if (p.querySelector('pre')) break;
+    }
+    return null;
+  };
+  const charWidth = pre => {
+    const probe = document.createElement('span');
+    probe.textContent = 'x'.repeat(100);
+    probe.style.whiteSpace = 'pre';
+    (pre.querySelector('code') || pre).appendChild(probe);
+    const w = probe.getBoundingClientRect().width / 100;
+    probe.remove();
+    return w;
+  };
+  const seen = new Set(), blocks = [], count = {input: 0, output: 0, source: 0};
+  const selector = 'div.cell_input pre, div.cell_output pre, .output pre';
+  for (const pre of article.querySelectorAll(selector)) {
+    if (seen.has(pre)) continue;
+    seen.add(pre);
+    const src = pre.closest('div.cell_input') ? null : caption(pre);
+    const kind = pre.closest('div.cell_input') ? 'input' : (src ? 'source' : 'output');
+    const index = count[kind]++;
+    if (pre.clientWidth === 0) continue;                        // not displayed
+    const cs = getComputedStyle(pre);
+    const content = pre.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
+    const cw = charWidth(pre);
+    const chars = Math.floor(content / cw + 0.01);
+    const lines = pre.textContent.replace(/\n$/, '').split('\n');
+    const long = lines.map((l, i) => [i, l.length]).filter(([i, n]) => n > chars)
+                      .map(([i, n]) => src ? `${src.file}:${src.first + i} (${n})` : `line ${i + 1} (${n})`);
+    blocks.push({kind, index, chars, fontPx: parseFloat(cs.fontSize),
+                 overflow: pre.scrollWidth - pre.clientWidth,
+                 first: (lines.find(l => l.trim()) || '').trim().slice(0, 70), long: long.slice(0, 12)});
+  }
+  return blocks;
+}"""
+
+DESKTOPS = (1280, 1920)
+MIN_CODE_FONT_PX = 13            # code may be a little smaller than the prose, never below this
+
+
+def _measure_code(book_url, widths=DESKTOPS) -> dict[int, dict[str, list[dict]]]:
+    """{viewport width: {page: [block, ...]}} for every chapter and appendix page."""
+    sync_api = _need_browser()
+    found: dict[int, dict[str, list[dict]]] = {}
+    with sync_api.sync_playwright() as p:
+        browser = _chromium(sync_api, p)
+        try:
+            for width in widths:
+                page = browser.new_page(viewport={"width": width, "height": 900})
+                _offline(page)
+                found[width] = {}
+                for path in _content_pages():
+                    rel = path.relative_to(HTML).as_posix()
+                    page.goto(book_url + rel, wait_until="load")
+                    page.evaluate(PROBE)                        # waits for MathJax (layout settles)
+                    found[width][rel] = page.evaluate(CODE_WIDTH_PROBE)
+                page.close()
+        finally:
+            browser.close()
+    return found
+
+
+@pytest.fixture(scope="module")
+def code_blocks(book_url):
+    return _measure_code(book_url)
+
+
+def _overflowing(code_blocks, kinds) -> list[str]:
+    rows = []
+    for width, pages in code_blocks.items():
+        for rel, blocks in pages.items():
+            for b in blocks:
+                if b["kind"] in kinds and b["overflow"] > 0:
+                    rows.append(f"{width} px {rel} {b['kind']} #{b['index']}: {b['overflow']} px hidden, "
+                                f"{b['chars']} characters visible, longer lines {b['long'][:4]}: {b['first']!r}")
+    return rows
+
+
+@pytest.mark.browser
+def test_code_cells_and_outputs_do_not_scroll_sideways_on_a_desktop(code_blocks):
+    """CHAPTER.md point 14: at 1280 and 1920 px no code cell and no printed output scrolls sideways
+    (at 390 px code may scroll inside its own box: test_pages_fit_a_phone_screen)."""
+    n = {w: sum(len(b) for b in pages.values()) for w, pages in code_blocks.items()}
+    assert all(v > 300 for v in n.values()), f"expected the book's ~600 code blocks, measured {n}"
+    rows = _overflowing(code_blocks, {"input", "output"})
+    assert not rows, (f"{len(rows)} code blocks scroll sideways (move trailing comments above the line, "
+                      "wrap the call, shorten the printed line):\n" + "\n".join(rows))
+
+
+@pytest.mark.browser
+def test_code_column_shows_the_line_length_rule_at_1280_px(code_blocks):
+    """The line-length rule of the notebook test (tools/colab.py MAX_LINE) is what the column shows."""
+    from _tools import load_tool
+
+    limit = load_tool("colab").MAX_LINE
+    inputs = [b for pages in code_blocks.values() for bs in pages.values() for b in bs if b["kind"] == "input"]
+    at_1280 = [b for bs in code_blocks[1280].values() for b in bs if b["kind"] == "input"]
+    assert at_1280, "no code cell measured at 1280 px"
+    shown = min(b["chars"] for b in at_1280)
+    assert shown >= limit, f"code cells show {shown} characters at 1280 px, the line-length rule allows {limit}"
+    small = sorted({b["fontPx"] for b in inputs if b["fontPx"] < MIN_CODE_FONT_PX})
+    assert not small, f"code font {small} px is below {MIN_CODE_FONT_PX} px"
+
+
+@pytest.mark.browser
+def test_library_source_shown_in_chapters_does_not_scroll_sideways(code_blocks):
+    """show_source prints lib/ verbatim: a line too long for the column is shortened in lib/."""
+    rows = _overflowing(code_blocks, {"source"})
+    assert not rows, f"{len(rows)} shown library listings scroll sideways (shorten these lines in lib/):\n" + "\n".join(rows)
