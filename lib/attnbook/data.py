@@ -121,7 +121,7 @@ class Vocab:
         out = []
         for i in ids:
             if i >= len(self):
-                raise ValueError(f"Vocab.decode: id {i} is out of range for a vocabulary of size {len(self)}")
+                raise ValueError(f"Vocab.decode: `ids` holds id {i}, out of range for a vocabulary of size {len(self)}")
             if i == EOS_ID:
                 break
             if i not in (PAD_ID, BOS_ID):
@@ -197,6 +197,8 @@ def make_batch(pairs, src_vocab: Vocab | None = None, tgt_vocab: Vocab | None = 
     ``tgt_in (B, T)`` = BOS + target, ``tgt_out (B, T)`` = target + EOS, lengths ``(B,)``.
     """
     fn = "make_batch"
+    if isinstance(pairs, (str, bytes)) or not isinstance(pairs, Iterable):
+        raise TypeError(f"{fn}: `pairs` must be a list of (source, target) pairs, got {type(pairs).__name__}")
     pairs = list(pairs)
     if not pairs:
         raise ValueError(f"{fn}: `pairs` must hold at least one (source, target) pair, got none")
@@ -417,7 +419,7 @@ def parse_date(text: str, fmt: str | None = None) -> _dt.date:
         try:
             return _dt.date(year, month, int(g["d"]))
         except ValueError as err:  # e.g. 31/02/21: the format matches but no such day exists
-            raise ValueError(f"parse_date: {text!r} (format {name!r}) names no calendar day: "
+            raise ValueError(f"parse_date: `text` {text!r} (format {name!r}) names no calendar day: "
                              f"year {year}, month {month}, day {int(g['d'])} ({err})") from None
     raise ValueError(f"parse_date: {text!r} matches none of the formats {names}")
 

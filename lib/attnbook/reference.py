@@ -175,6 +175,7 @@ def mask_to_additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Ten
     """Turn a bool mask (True = may attend) into an additive one (0 / -inf); floats are cast to ``dtype``."""
     dtype = check_dtype("dtype", dtype, fn="mask_to_additive")
     if mask is not None:
+        check_tensor("mask", mask, fn="mask_to_additive", min_ndim=0, floating=False)
         check_tensor("mask", mask, fn="mask_to_additive", min_ndim=0, floating=mask.dtype != torch.bool)
     if mask is None or mask.dtype != torch.bool:
         return None if mask is None else mask.to(dtype)
