@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from attnbook import exercises
-from attnbook.exercises import check
+from attnbook.exercises import _report, check
 
 NAMES = ["ch01.clip_grad_norm", "ch04.attention", "ch04.masked_softmax", "ch05.split_heads",
          "ch06.sinusoidal", "ch08.layer_norm", "ch09.online_softmax"]
@@ -69,9 +69,25 @@ def run(name, fn, **kw):
 
 
 def hint_of(text):
-    lines = [line for line in text.splitlines() if line.strip().startswith("提示：")]
-    assert len(lines) == 1, text
-    return lines[0]
+    """The hint (the report's last paragraph, wrapped lines joined), without white space."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.strip().startswith("提示：")]
+    assert len(starts) == 1, text
+    return "".join("".join(lines[starts[0]:]).split())
+
+
+def has(hint, word):
+    return "".join(word.split()) in hint
+
+
+def test_wrap_keeps_words_and_the_width():
+    line = "  提示：" + "分数应是 q @ k.transpose(-2, -1)，形状 (Tq, Tk)：" * 4
+    pieces = _report.wrap(line, width=40)
+    assert len(pieces) > 3 and all(_report._cols(p) <= 40 for p in pieces)
+    assert all(p.startswith("    ") for p in pieces[1:])  # hanging indent
+    assert "k.transpose(-2," in "".join(pieces)  # an ASCII word is never split
+    assert not any(p.strip()[0] in "，。：）" for p in pieces[1:])  # no line starts with a closing mark
+    assert "".join("".join(pieces).split()) == "".join(line.split())
 
 
 def test_registry_names_every_exercise_and_its_gallery():
@@ -119,7 +135,9 @@ def test_every_gallery_bug_is_rejected_with_its_symptom_named(name, bug, seed):
     assert text.startswith("✗ " + name) and "输入：" in text, text
     hint = hint_of(text)
     for word in SYMPTOMS[name, bug]:
-        assert word in hint, f"{name}:{bug}: the hint does not name {word!r}:\n{text}"
+        assert has(hint, word), f"{name}:{bug}: the hint does not name {word!r}:\n{text}"
+    too_wide = [line for line in text.splitlines() if _report._cols(line) > _report.WIDTH]
+    assert not too_wide, too_wide
 
 
 def test_messages_are_concrete():
@@ -153,7 +171,8 @@ def _stubs():
 @pytest.mark.parametrize("stub", _stubs(), ids=lambda f: f.__name__)
 def test_a_stub_says_not_yet_implemented(name, stub):
     ok, text = run(name, stub)
-    assert ok is False and "还没有实现" in text and text.count("\n") == 1, text
+    assert ok is False and "还没有实现" in text and text.count("\n") <= 2, text
+    assert all(_report._cols(line) <= _report.WIDTH for line in text.splitlines())
 
 
 def test_returning_none_after_the_first_case_is_a_failure_not_a_stub():
@@ -165,7 +184,7 @@ def test_returning_none_after_the_first_case_is_a_failure_not_a_stub():
 
     ok, text = run("ch04.masked_softmax", forgets_return_sometimes)
     assert ok is False and "还没有实现" not in text and "第 3 个隐藏测试" in text
-    assert "忘了 `return`" in hint_of(text)
+    assert has(hint_of(text), "忘了 `return`")
 
 
 def test_clip_stub_versus_missing_return():
@@ -264,7 +283,7 @@ def test_float64_inputs_need_float64_work_and_low_precision_inputs_set_the_rule(
         return ref(scores.float(), mask).double()
 
     ok, text = run("ch04.masked_softmax", via_float32)
-    assert ok is False and "第 1 个隐藏测试" in text and "float32" in hint_of(text)
+    assert ok is False and "第 1 个隐藏测试" in text and has(hint_of(text), "float32")
 
     def upcast(scores, mask):  # computed in the input's dtype, returned as float64: float32 and
         return ref(scores, mask).double()  # float16 inputs are judged by the rule, not by F64_TOL

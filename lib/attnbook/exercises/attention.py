@@ -261,8 +261,10 @@ def _hint_full_row(f):
     uniform = (inputs["v"].mean(-2).expand(f.expected.shape)[row] if "v" in inputs
                else torch.full_like(f.expected[row], 1.0 / f.expected.shape[-1]))
     if close(f.got[row], uniform):
-        return ("整行被遮住时应该输出 0，而不是均匀分布（每个键的权重都是 1/Tk）：用 −1e9 代替 −inf 填充时，"
-                "整行的分数一样大，softmax 就平均分配。用 −inf 填充，并把这样的行置 0。")
+        what = "，输出成了 v 各行的平均" if "v" in inputs else ""
+        return (f"整行被遮住时应该输出 0，而不是均匀分布（每个键的权重都是 1/Tk{what}）："
+                "用 −1e9 代替 −inf 填充时，整行的分数一样大，softmax 就平均分配。"
+                "用 −inf 填充，并把这样的行置 0。")
     return "整行被遮住时应该输出 0：这一行没有可以关注的键。"
 
 
