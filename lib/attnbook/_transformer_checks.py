@@ -60,6 +60,10 @@ def _check_decode(m, tgt, memory, src_pad, tgt_pad, cache, need_weights) -> None
     if memory.ndim != 3 or memory.shape[-1] != m.d_model or memory.shape[0] not in (1, tgt.shape[0]):
         raise ValueError(f"{fn}: `memory` must be (B or 1, S, d_model={m.d_model}) with B = "
                          f"{tgt.shape[0]}, got {describe(memory)}")
+    weight = m.output.weight
+    if memory.dtype != weight.dtype or memory.device != weight.device:
+        raise TypeError(f"{fn}: `memory` must have the model's dtype and device ({weight.dtype}, "
+                        f"{weight.device}), got {describe(memory)}")
     _check_pad("src_pad", src_pad, memory.shape[:2], fn)
     if cache is not None and not isinstance(cache, DecoderCache):
         raise TypeError(f"{fn}: `cache` must be a DecoderCache or None, got {type(cache).__name__}")

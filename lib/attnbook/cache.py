@@ -136,7 +136,7 @@ class CachedAttention(MultiHeadAttention):
     def _project(self, query, key, value, cache=None):
         """Step 1 with RoPE and the cache: q ``(B, H, Tq, d_k)``, k, v ``(B, H_kv, Tk, d_k)``."""
         q = split_heads(self.q_proj(query), self.n_heads)              # (B, H, Tq, d_k)
-        if cache is not None and cache.static and len(cache):
+        if cache is not None and cache.static and cache.k is not None:
             k, v = cache.k, cache.v                                     # the memory: projected once
         else:
             past = 0 if cache is None or cache.static else len(cache)
@@ -204,7 +204,7 @@ def _check_cached_forward(m, query, key, value, mask, causal, need_weights, head
     if cache is None:
         tk = key.shape[1]
     elif cache.static:
-        tk = len(cache) or key.shape[1]
+        tk = key.shape[1] if cache.k is None else len(cache)
     else:
         tk = len(cache) + key.shape[1]
     _check_mask(mask, (query.shape[0], m.n_heads, query.shape[1], tk), fn, hint="Tk counts the cached keys")

@@ -16,7 +16,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._checks import check_bool, check_choice, check_dtype, check_float, check_int, check_tensor, describe
+from ._checks import (check_bool, check_choice, check_device, check_dtype, check_float, check_int,
+                      check_tensor, describe)
 from .multihead import MultiHeadAttention
 
 __all__ = [
@@ -88,6 +89,7 @@ class LayerNorm(nn.Module):
         affine = check_bool("elementwise_affine", elementwise_affine, fn=fn)
         bias = check_bool("bias", bias, fn=fn)
         check_dtype("dtype", dtype, fn=fn)
+        check_device("device", device, fn=fn)
         factory = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.ones(self.d, **factory)) if affine else None
         self.bias = nn.Parameter(torch.zeros(self.d, **factory)) if affine and bias else None
@@ -162,6 +164,7 @@ class FeedForward(nn.Module):
         bias = check_bool("bias", bias, fn=fn)
         dropout = check_float("dropout", dropout, fn=fn, minimum=0.0, maximum=1.0)
         check_dtype("dtype", dtype, fn=fn)
+        check_device("device", device, fn=fn)
         factory = {"device": device, "dtype": dtype}
         self.linear1 = nn.Linear(self.d_model, self.d_ff, bias=bias, **factory)   # W_1: up
         self.gate = nn.Linear(self.d_model, self.d_ff, bias=bias, **factory) if activation == "swiglu" else None

@@ -33,7 +33,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ._checks import check_bool, check_choice, check_dtype, check_int, check_tensor, describe
+from ._checks import check_bool, check_choice, check_device, check_dtype, check_int, check_tensor, describe
 from .dispatch import BACKENDS, attention
 from .reference import attention_ref, mask_to_additive
 
@@ -165,6 +165,7 @@ class MultiHeadAttention(nn.Module):
                              f"n_kv_heads={n_kv_heads}")
         bias = check_bool("bias", bias, fn=fn)
         check_dtype("dtype", dtype, fn=fn)
+        check_device("device", device, fn=fn)
         super().__init__()
         self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
         self.d_k = d_model // n_heads  # per-head width; d_v = d_k
@@ -358,6 +359,8 @@ def _check_inputs(m: MultiHeadAttention, query, key, value, head_mask, fn) -> No
         if head_mask.shape != (m.n_heads,):
             raise ValueError(f"{fn}: `head_mask` must have shape (n_heads,) = ({m.n_heads},), "
                              f"got {describe(head_mask)}")
+        if head_mask.device != weight.device:
+            raise ValueError(f"{fn}: `head_mask` is on {head_mask.device} but the module is on {weight.device}")
 
 
 def _check_forward(m, query, key, value, mask, causal, need_weights, head_mask) -> None:

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import check_bool, check_choice, check_dtype, check_float, check_int
+from ._checks import check_bool, check_choice, check_device, check_dtype, check_float, check_int
 from ._transformer_checks import (_check_decode, _check_encode, _check_from_torch, _check_generate,
                                   _check_pair, _check_prefixes, _check_step_fn)
 from .blocks import DecoderLayer, EncoderLayer, torch_layer_settings
@@ -122,7 +122,9 @@ class Transformer(nn.Module):
         check_choice("activation", activation, ACTIVATIONS, fn=fn)
         final_norm = norm_first if final_norm is None else check_bool("final_norm", final_norm, fn=fn)
         self.max_len = check_int("max_len", max_len, fn=fn)
+        check_float("eps", eps, fn=fn, minimum=0.0)
         check_dtype("dtype", dtype, fn=fn)
+        check_device("device", device, fn=fn)
         factory = {"device": device, "dtype": dtype}
         layer_kw = dict(norm_first=norm_first, dropout=dropout, activation=activation, eps=eps,
                         rope=positions == "rope", backend=backend, **factory)
