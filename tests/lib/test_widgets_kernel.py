@@ -68,7 +68,32 @@ print("MODEL", w.children[0].model_id)
 """
 
 
-def _drive(extra_path: Path | None, cell: str = CELL, values=(5,)):
+def _run_cell(kc, cell: str, values):
+    cell_id = kc.execute(cell)
+    at_display = _collect(kc, cell_id)
+    errors = [m["content"] for m in at_display if m["msg_type"] == "error"]
+    assert not errors, errors
+    text = "".join(m["content"].get("text", "") for m in at_display if m["msg_type"] == "stream")
+    model_id = text.split("MODEL", 1)[1].split()[0]
+    changes = []
+    for value in values:
+        # what a browser sends when the slider is dragged (or text is typed, then Enter)
+        change = kc.session.msg("comm_msg", {"comm_id": model_id, "data": {
+            "method": "update", "state": {"value": value}, "buffer_paths": []}})
+        kc.shell_channel.send(change)
+        changes.append(_collect(kc, change["header"]["msg_id"]))
+    return at_display, *changes
+
+
+_SESSIONS: dict = {}
+
+
+def _drive(which: str):
+    """One kernel per ipywidgets version runs both cells (a kernel start costs seconds):
+    ``(version, slider messages, text-box messages)``, cached for the tests below."""
+    if which in _SESSIONS:
+        return _SESSIONS[which]
+    extra_path = _ipywidgets_7() if which == "7.7.1" else None
     env = dict(os.environ)
     env.pop("ATTNBOOK_STATIC", None)  # a live kernel, as a reader's
     env["MPLBACKEND"] = "Agg"
@@ -78,23 +103,13 @@ def _drive(extra_path: Path | None, cell: str = CELL, values=(5,)):
     try:
         version_id = kc.execute("import ipywidgets; print('IPYW', ipywidgets.__version__)")
         version = "".join(m["content"].get("text", "") for m in _collect(kc, version_id))
-        cell_id = kc.execute(cell)
-        at_display = _collect(kc, cell_id)
-        errors = [m["content"] for m in at_display if m["msg_type"] == "error"]
-        assert not errors, errors
-        text = "".join(m["content"].get("text", "") for m in at_display if m["msg_type"] == "stream")
-        model_id = text.split("MODEL", 1)[1].split()[0]
-        changes = []
-        for value in values:
-            # what a browser sends when the slider is dragged (or text is typed, then Enter)
-            change = kc.session.msg("comm_msg", {"comm_id": model_id, "data": {
-                "method": "update", "state": {"value": value}, "buffer_paths": []}})
-            kc.shell_channel.send(change)
-            changes.append(_collect(kc, change["header"]["msg_id"]))
-        return version, at_display, *changes
+        slider = _run_cell(kc, CELL, (5,))
+        text_box = _run_cell(kc, CELL_TEXT, ("world", "no digits 42", "again"))
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+    _SESSIONS[which] = version, slider, text_box
+    return _SESSIONS[which]
 
 
 def _ipywidgets_7() -> Path:
@@ -108,8 +123,7 @@ def _ipywidgets_7() -> Path:
 
 @pytest.mark.parametrize("which", ["pinned", "7.7.1"])
 def test_explore_sends_an_image_at_display_and_after_a_change(which):
-    extra = _ipywidgets_7() if which == "7.7.1" else None
-    version, at_display, after_change = _drive(extra)
+    version, (at_display, after_change), _ = _drive(which)
     if which == "7.7.1":
         assert "IPYW 7.7.1" in version, version
     else:
@@ -124,9 +138,7 @@ def _text_of(msgs) -> str:
 
 @pytest.mark.parametrize("which", ["pinned", "7.7.1"])
 def test_text_box_redraws_and_bad_text_shows_a_message(which):
-    extra = _ipywidgets_7() if which == "7.7.1" else None
-    version, at_display, typed, bad, again = _drive(
-        extra, CELL_TEXT, ("world", "no digits 42", "again"))
+    version, _, (at_display, typed, bad, again) = _drive(which)
     assert ("IPYW 7.7.1" if which == "7.7.1" else "IPYW 8.") in version, version
     assert sum(map(_has_png, at_display)) == 1, "the default text drawn once"
     assert sum(map(_has_png, typed)) == 1, "one new image after typing a word"
