@@ -11,7 +11,10 @@ the built HTML), ``nb`` (nbval only), ``html`` (checks on an already built book)
 ``colab`` (refresh badges and setup cells from _config.yml's repository.url, link the first use
 of each glossary term in every chapter, and regenerate the Colab edition colab/),
 ``colab-test [NN ...]`` (run the Colab edition of every chapter, or of the given ones, in a
-simulated Colab runtime), ``bench`` (python -m attnbook.bench), ``clean``.
+simulated Colab runtime), ``bench`` (python -m attnbook.bench), ``experiments [--check]
+[--only ch08 ...]`` (python -m attnbook.experiments: every empirical claim over seeds 0-4 ->
+benchmarks/EXPERIMENTS.md and .json; --check runs them and fails naming a claim that no
+longer holds, writing nothing), ``clean``.
 
 Options (environment variables, or --torch-index URL on the command line):
     ATTNBOOK_TORCH_INDEX=URL   install torch from this package index (pip --index-url), e.g. a
@@ -256,6 +259,9 @@ def main(argv: list[str]) -> None:
         test_colab(chapters or ["all"])
     elif target == "bench":
         run([PY, "-m", "attnbook.bench", *argv[2:]])
+    elif target == "experiments":
+        say("every empirical claim over seeds (python -m attnbook.experiments)")
+        run([PY, "-m", "attnbook.experiments", *argv[2:]])
     else:
         sys.exit(f"unknown target {target!r}; see: python3 make.py help")
 

@@ -5,8 +5,9 @@ One concept per module (see DESIGN.md): ``reference`` (scores, masks, ``attentio
 ``triton_flash`` (the fused Triton kernel's host side, imported lazily) and ``triton_kernels``
 (its device code), ``efficient`` (linear attention, sparse masks), the building blocks the
 chapters import by module (``rnn``, ``seq2seq``, ``decoding``, ``multihead``, ``positional``,
-``layers``, ``data``, ``train``), and helpers for the book (``display``, ``plotting``, ``widgets``, ``testing``, ``bench``, and
-``exercises``: ``check(name, fn)`` for the hands-on exercises, imported on its own).
+``layers``, ``cache``, ``blocks``, ``transformer``, ``data``, ``train``), and helpers for the book (``display``, ``plotting``, ``widgets``, ``testing``, ``bench``, and
+``exercises``: ``check(name, fn)`` for the hands-on exercises, imported on its own; ``experiments``:
+the book's empirical claims over seeds, ``python -m attnbook.experiments``, imported on its own).
 
 The package re-exports the entry point ``attention(q, k, v, *, mask=None, causal=False,
 scale=None, backend="auto")`` (the dispatcher, from ``dispatch``) with the backend registry

@@ -17,8 +17,10 @@ from ..reference import attention_ref
 from ..train import fit
 from .core import register
 
-__all__ = ["var_se", "var_dk_table", "var_general_cases", "softmax_jacobian_norm", "dp_dq_norm", "saturation_table", "recall_batch",
-           "Recall", "train_recall", "DKS", "NK", "NV", "P"]
+__all__ = ["var_se", "var_dk_table", "var_dk_metrics", "var_general_cases", "var_general_metrics",
+           "mha_init_metrics", "softmax_jacobian_norm", "dp_dq_norm", "saturation_table",
+           "saturation_metrics", "run_saturation_by_n", "recall_batch", "Recall", "train_recall",
+           "recall_metrics", "DKS", "NK", "NV", "P"]
 
 f64 = torch.float64
 DKS = [2**p for p in range(11)]          # 1, 2, 4, ..., 1024
@@ -49,12 +51,15 @@ def var_dk_table(seed: int, n: int = 20_000) -> dict:
     return dict(var_raw=var_raw, var_scaled=var_scaled, se_scaled=se_scaled, slope=slope)
 
 
-def run_var_dk(seed: int) -> dict:
+def var_dk_metrics(t: dict) -> dict:
     """The slope, the largest |scaled - 1| in SEs, the smallest |unscaled - 1| in SEs (d_k >= 2)."""
-    t = var_dk_table(seed)
     z_scaled = [abs(v - 1) / se for v, se in zip(t["var_scaled"], t["se_scaled"])]
     z_unit = [abs(v - 1) / (se * dk) for dk, v, se in zip(DKS, t["var_raw"], t["se_scaled"])]
     return dict(slope=t["slope"], z_scaled_max=max(z_scaled), z_unscaled_min=min(z_unit[1:]))
+
+
+def run_var_dk(seed: int) -> dict:
+    return var_dk_metrics(var_dk_table(seed))
 
 
 def _unit_diagonal(R, eigenvalues):
@@ -88,9 +93,10 @@ def var_general_cases(seed: int, n: int = 20_000, d: int = 16) -> list[dict]:
     return rows
 
 
-def run_var_general(seed: int) -> dict:
+def var_general_metrics(rows: list) -> dict:
+    """|Var - theory| and |Var - d_k| in SEs per case, and the two traces."""
     m = {}
-    for r in var_general_cases(seed):
+    for r in rows:
         m[f"z_theory_{r['case']}"] = abs(r["var"] - r["theory"]) / r["se"]
         m[f"z_dk_{r['case']}"] = abs(r["var"] - r["d_k"]) / r["se"]
         if not r["case"].startswith("mean"):
@@ -98,12 +104,15 @@ def run_var_general(seed: int) -> dict:
     return m
 
 
-def run_mha_init(seed: int, d_model: int = 64, n_heads: int = 4, n: int = 2000) -> dict:
-    """Head 0 of a default-initialised nn.MultiheadAttention: Var(q_l), scaled-score variance,
-    and the self-attention diagonal with independent and tied W^K."""
-    torch.manual_seed(seed)
-    mha = nn.MultiheadAttention(d_model, n_heads)
-    dk = d_model // n_heads
+def run_var_general(seed: int) -> dict:
+    return var_general_metrics(var_general_cases(seed))
+
+
+def mha_init_metrics(mha: nn.MultiheadAttention, seed: int, n: int = 2000) -> dict:
+    """Head 0 of ``mha`` on ``n`` unit-variance inputs (generator ``seed``): Var(q_l), the
+    scaled-score variance (and its ratio to tr(...)/d_k), and the self-attention diagonal with
+    independent and tied W^K (mean diagonal and off-diagonal score, and the trace theory)."""
+    d_model, dk = mha.embed_dim, mha.head_dim
     W = mha.in_proj_weight.detach().double()
     W_q, W_k = W[:d_model].T[:, :dk], W[d_model:2 * d_model].T[:, :dk]
     g = torch.Generator().manual_seed(seed)
@@ -116,9 +125,16 @@ def run_mha_init(seed: int, d_model: int = 64, n_heads: int = 4, n: int = 2000) 
     for name, Wk in (("independent", W_k), ("tied", W_q)):
         S = (Xq @ W_q) @ (Xq @ Wk).T / math.sqrt(dk)
         m[f"diag_{name}"] = S.diagonal().mean().item()
+        m[f"diag_{name}_abs"] = abs(m[f"diag_{name}"])
         m[f"diag_{name}_theory"] = torch.trace(W_q.T @ Wk).item() / math.sqrt(dk)
         m[f"offdiag_{name}"] = ((S.sum() - S.diagonal().sum()) / (S.numel() - n)).item()
     return m
+
+
+def run_mha_init(seed: int) -> dict:
+    """``mha_init_metrics`` of ``nn.MultiheadAttention(64, 4)`` after ``torch.manual_seed(seed)``."""
+    torch.manual_seed(seed)
+    return mha_init_metrics(nn.MultiheadAttention(64, 4), seed)
 
 
 def softmax_jacobian_norm(p):
@@ -241,9 +257,13 @@ def train_recall(seed: int, steps: int = 150) -> dict:
                 final_loss=hist.final_loss(), model=model, history=hist, sample=sample)
 
 
-def run_recall(seed: int) -> dict:
-    r = train_recall(seed)
+def recall_metrics(r: dict) -> dict:
+    """The numbers of a ``train_recall`` result (without the model, history and sample)."""
     return {k: r[k] for k in ("acc_untrained", "match_untrained", "acc", "match", "final_loss")}
+
+
+def run_recall(seed: int) -> dict:
+    return recall_metrics(train_recall(seed))
 
 
 register("ch04.var_dk", chapter="04", run=run_var_dk,
@@ -268,7 +288,7 @@ register("ch04.diagonal", chapter="04", run=run_mha_init,
          rule="|diag_independent| < 0.2; diag_tied > 1.5; each diag within 0.08 of its trace theory",
          holds=lambda m: abs(m["diag_independent"]) < 0.2 and m["diag_tied"] > 1.5
          and all(abs(m[f"diag_{n}"] - m[f"diag_{n}_theory"]) < 0.08 for n in ("independent", "tied")),
-         quoted=("diag_independent", "diag_tied"), fmt=".2f")
+         quoted=("diag_independent_abs", "diag_tied"), fmt=".2f")
 register("ch04.saturation", chapter="04", run=run_saturation,
          claim="不缩放时 ‖J‖ 先增后减；到达查询的梯度在 d_k = 32、64 时是缩放时的约 6 倍、5 倍，"
                "d_k = 256 时与缩放时相当，d_k ≥ 512 才更小；缩放后与 d_k 无关",

@@ -30,6 +30,7 @@ from ..train import fit
 from .core import register
 
 __all__ = ["Stack", "gradient_profile", "profile_group", "profile_metrics", "post_ln_path",
+           "post_ln_path_metrics", "run_profiles", "run_post_ln_path", "run_warmup",
            "sort_batch", "sort_loss", "sort_runs", "warmup_metrics", "VOCAB", "D_M"]
 
 VOCAB, D_M, GROUP = 32, 64, 8
@@ -156,11 +157,15 @@ def post_ln_path(seed: int) -> dict:
     return dict(s=s, through_ln=through_ln, through_res=through_res, net=norm[0] / norm[-1])
 
 
-def run_post_ln_path(seed: int) -> dict:
-    p = post_ln_path(seed)
+def post_ln_path_metrics(p: dict) -> dict:
+    """Summary numbers of one ``post_ln_path`` result (the ``ch08.post_ln_s`` metrics)."""
     return dict(s_min=p["s"].min(), ln_vs_inv_s=float(np.abs(p["through_ln"] * p["s"] - 1).max()),
                 ln_product=p["through_ln"].prod(), res_min=p["through_res"].min(),
                 res_max=p["through_res"].max(), res_product=p["through_res"].prod(), net=p["net"])
+
+
+def run_post_ln_path(seed: int) -> dict:
+    return post_ln_path_metrics(post_ln_path(seed))
 
 
 def sort_batch(g, batch=32):

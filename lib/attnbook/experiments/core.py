@@ -219,6 +219,9 @@ def where(name: str, metrics: dict, *, seed: int = 0, summaries: dict | None = N
                        "run `python3 make.py experiments`")
     entry, out, lines = summaries[name], {}, []
     n = len(entry["seeds"])
+    grouped = exp.unit.startswith("group")       # one "seed" = a group of model seeds
+    this = f"第 {seed} 组" if grouped else f"seed {seed}"
+    many = f"{n} 组种子" if grouped else f"{n} 个种子"
     for m in exp.quoted:
         if m not in metrics:
             raise KeyError(f"where: `metrics` must contain {m!r} (quoted by {name}), got {sorted(metrics)}")
@@ -226,7 +229,7 @@ def where(name: str, metrics: dict, *, seed: int = 0, summaries: dict | None = N
         value = float(metrics[m])
         out[m] = st["min"] <= value <= st["max"]
         f = exp.fmt
-        lines.append(f"{m}: 本次 (seed {seed}): {_fmt(value, f)}；{n} 个种子：最小 {_fmt(st['min'], f)}"
+        lines.append(f"{m}: 本次 ({this}): {_fmt(value, f)}；{many}：最小 {_fmt(st['min'], f)}"
                      f" · 中位 {_fmt(st['median'], f)} · 最大 {_fmt(st['max'], f)}")
     out["holds"] = bool(exp.holds(_clean(metrics, name)))
     if display:

@@ -1,0 +1,88 @@
+"""The chapters quote benchmarks/EXPERIMENTS.md: every multi-seed figure in the prose is current.
+
+A multi-seed figure is written ``min–median–max`` (three numbers joined by en dashes, e.g.
+``2.59–2.76–2.91``). For every chapter with registered claims (attnbook.experiments):
+- every such triple in its Markdown is one of the current quoted figures of its own claims (so
+  a number left behind after `make.py experiments` changed it fails here);
+- every quoted metric of every claim appears in its chapter at least once;
+and benchmarks/EXPERIMENTS.md, EXPERIMENTS.json and the package's ``_committed`` summaries agree
+with each other and with the registered predicates (every claim holds on every seed).
+"""
+import json
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from attnbook import experiments
+from attnbook.experiments import core
+
+ROOT = Path(__file__).resolve().parents[2]
+NUM = r"-?\d+(?:\.\d+)?"
+TRIPLE = re.compile(rf"(?<![\d.–]){NUM}–{NUM}–{NUM}(?![\d–])")
+
+
+def chapter_path(chapter):
+    (path,) = sorted((ROOT / "chapters").glob(f"{chapter}_*.ipynb"))
+    return path
+
+
+def markdown(path):
+    nb = nbformat.read(path, as_version=4)
+    return "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+
+
+def fresh_summaries():
+    """Summaries recomputed from the committed raw rows with today's predicates."""
+    rows = json.loads((ROOT / "benchmarks" / "EXPERIMENTS.json").read_text(encoding="utf-8"))["rows"]
+    return {n: core.summarize(experiments.get(n), rows) for n in experiments.names()}
+
+
+CHAPTERS = sorted({experiments.get(n).chapter for n in experiments.names()})
+
+
+def test_the_triple_pattern_finds_figures_and_nothing_else():
+    text = "比值 2.59–2.76–2.91，差值 -0.17–-0.08–0.13；区间 10%–26%、0.5–1.5、种子 0–39 不算"
+    assert TRIPLE.findall(text) == ["2.59–2.76–2.91", "-0.17–-0.08–0.13"]
+
+
+def test_committed_files_agree_and_every_claim_holds():
+    fresh = fresh_summaries()
+    md = (ROOT / "benchmarks" / "EXPERIMENTS.md").read_text(encoding="utf-8")
+    committed = experiments.committed()
+    assert sorted(committed) == sorted(fresh), "run `python3 make.py experiments`: claims were added or removed"
+    for name, s in fresh.items():
+        assert len(s["seeds"]) >= 5, f"{name}: needs >= 5 seeds, has {s['seeds']}"
+        assert s["holds"], f"{name}: {core.failures([s])}"
+        assert committed[name]["quotes"] == s["quotes"], \
+            f"{name}: _committed.py differs from EXPERIMENTS.json; run `python3 make.py experiments`"
+        line = "Quoted (min–median–max): " + "; ".join(f"`{k}` {v}" for k, v in s["quotes"].items())
+        assert f"## {name}\n" in md and line in md, \
+            f"{name}: EXPERIMENTS.md differs from EXPERIMENTS.json; run `python3 make.py experiments`"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_chapter_quotes_equal_experiments_md(chapter):
+    fresh = {n: s for n, s in fresh_summaries().items() if s["chapter"] == chapter}
+    path = chapter_path(chapter)
+    text = markdown(path)
+    current = {q for s in fresh.values() for q in s["quotes"].values()}
+    stale = sorted(set(TRIPLE.findall(text)) - current)
+    assert not stale, (f"{path.name} quotes {stale}, which benchmarks/EXPERIMENTS.md no longer has; "
+                       f"copy the current min–median–max figures: {sorted(current)}")
+    missing = [f"{n}:{m} ({q})" for n, s in fresh.items() for m, q in s["quotes"].items() if q not in text]
+    assert not missing, f"{path.name} does not quote {missing} (from benchmarks/EXPERIMENTS.md)"
+
+
+def test_a_drifted_number_is_caught(tmp_path):
+    """The check above, on a copy of a chapter's text in which one quoted figure changed."""
+    fresh = fresh_summaries()
+    name = next(n for n in sorted(fresh) if fresh[n]["quotes"])
+    quote = next(iter(fresh[name]["quotes"].values()))
+    text = markdown(chapter_path(fresh[name]["chapter"]))
+    assert quote in text
+    lo, mid, hi = re.findall(NUM, quote)
+    drifted = text.replace(quote, f"{lo}–{mid}–{hi}9")
+    current = {q for s in fresh.values() for q in s["quotes"].values()}
+    assert set(TRIPLE.findall(drifted)) - current
