@@ -125,6 +125,8 @@ def line_plot(x, ys, *, xlabel, ylabel, title=None, logx=False, logy=False, ax=N
 def hist_plot(values, *, bins=50, xlabel, ylabel="density", title=None, ax=None, density=True,
               logy=False, figsize=(4.8, 3.4)):
     """Histogram(s): ``values`` is an array or ``{label: array}``. Returns the Figure."""
+    if isinstance(bins, (int, np.integer)) or not hasattr(bins, "__len__"):
+        check_int("bins", bins, fn="hist_plot")
     groups = values if isinstance(values, Mapping) else {None: values}
     groups = {label: to_numpy(v, name="values", fn="hist_plot").ravel() for label, v in groups.items()}
     if not groups or any(v.size == 0 for v in groups.values()):

@@ -79,6 +79,9 @@ def scaled_dot_scores(q: torch.Tensor, k: torch.Tensor, scale: float | None = No
     Returns ``(..., Tq, Tk)``. q is scaled before the product, as in ``attention_ref``.
     """
     check_query_key(q, k, fn="scaled_dot_scores")
+    if q.shape[-1] == 0:
+        raise ValueError(f"scaled_dot_scores: the feature dim D of `q` must be >= 1 (scale 1/sqrt(D)), "
+                         f"got q {tuple(q.shape)}")
     scale = check_scale(scale, q.shape[-1], fn="scaled_dot_scores")
     return dot_scores(q * scale, k)
 

@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from ._checks import check_choice, check_float, check_tensor
+from ._checks import check_choice, check_float, check_int, check_tensor
 
 __all__ = [
     "assert_close_to_reference", "max_abs_error", "rounding_step", "relative_error",
@@ -122,7 +122,8 @@ NEG_INF = float("-inf")
 
 def rand(*shape, dtype=torch.float64, seed=0, scale=1.0):
     """Standard normal tensor from its own seeded generator (never the global RNG state)."""
-    g = torch.Generator().manual_seed(seed)
+    shape = [check_int(f"shape[{i}]", n, fn="rand", minimum=0) for i, n in enumerate(shape)]
+    g = torch.Generator().manual_seed(check_int("seed", seed, fn="rand", minimum=0))
     return torch.randn(*shape, generator=g, dtype=dtype) * scale
 
 

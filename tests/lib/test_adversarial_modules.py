@@ -370,6 +370,23 @@ MISUSE = [
      TypeError, "assert_close_to_reference", "factor"),
     ("rounding-dtype", lambda: testing.rounding_step(r(2), torch.int32), TypeError, "rounding_step", "dtype"),
     ("make_mask-kind", lambda: testing.make_mask("boolean", 1, 1, 2, 2), ValueError, "make_mask", "kind"),
+    ("rand-shape", lambda: testing.rand(2, -1), ValueError, "rand", "shape[1]"),
+    ("rand-seed", lambda: testing.rand(2, seed=0.5), TypeError, "rand", "seed"),
+    # edge sizes that used to reach an internal error
+    ("scaled-D0", lambda: reference.scaled_dot_scores(r(2, 0), r(3, 0)), ValueError, "scaled_dot_scores", "q"),
+    ("hist-bins", lambda: plotting.hist_plot([1.0, 2.0], bins=0, xlabel="x"), ValueError, "hist_plot", "bins"),
+    # another device (meta stands in for a GPU on a CPU-only machine)
+    ("dev-dot", lambda: reference.dot_scores(q4, k4.to("meta")), TypeError, "dot_scores", "k"),
+    ("dev-rope", lambda: positional.apply_rope(r(3, 4), torch.arange(3, device="meta")), ValueError, "apply_rope",
+     "positions"),
+    ("dev-rnn", lambda: _rnn()(r(1, 2, 3).to("meta")), TypeError, "SimpleRNN.forward", "x"),
+    ("dev-jac", lambda: rnn.step_jacobians(_rnn(), r(2, 4).to("meta")), TypeError, "step_jacobians", "z"),
+    ("dev-s0", lambda: _s2s().decode(TGT, _s2s().encode(SRC, MASK), s0=r(2, 6).to("meta")), TypeError,
+     "Seq2Seq.decode", "s0"),
+    ("dev-query", lambda: _s2s(True).attend(r(2, 1, 6).to("meta"), _s2s(True).encode(SRC, MASK)), TypeError,
+     "AttentionSeq2Seq.attend", "query"),
+    ("dev-lin", lambda: efficient.linear_attention(q4, k4.to("meta"), v4), ValueError, "linear_attention",
+     "device"),
 ]
 
 
