@@ -19,39 +19,21 @@ make one block (at least one), runs blocks until at least ``min_time`` seconds a
 timed and their spread (IQR / median) is below 10%, or ``max_time`` seconds have passed, and
 reports the median block time per call; it runs with ``threads`` torch threads (Timer's own
 default would be 1). It is used rather than ``blocked_autorange``, which stops after one block
-once ``min_time`` has passed: one call is all that "ref" at T = 8192 (4.6 s a forward on the
-2-core CPU of benchmarks/RESULTS.md) would get. CUDA: ``triton.testing.do_bench`` (median of CUDA-event times, L2 cache
-flushed before each run, 25 ms of warm-up, ``min_time`` seconds of runs); without triton, the
-same Timer as on CPU, which synchronises CUDA. Mode "fwd" times the forward under ``no_grad``;
-"bwd" runs one forward untimed and times ``out.backward(dO, retain_graph=True)`` on its graph
-(gradients reset to None in each call, as in FlashAttention's benchmarks); "fwd+bwd" times both.
+once ``min_time`` has passed: one call is all that "ref" at T = 8192 would get (seconds per
+forward on a 2-core CPU: see its row in benchmarks/RESULTS.md). CUDA: ``triton.testing.do_bench``
+(median of CUDA-event times, L2 cache flushed before each run, 25 ms of warm-up, ``min_time``
+seconds of runs); without triton, the same Timer as on CPU, which synchronises CUDA. Mode "fwd"
+times the forward under ``no_grad``; "bwd" runs one forward untimed and times
+``out.backward(dO, retain_graph=True)`` on its graph (gradients reset to None in each call, as
+in FlashAttention's benchmarks); "fwd+bwd" times both.
 
 Memory ("peak extra" = what one call adds on top of its inputs, outputs and gradients included).
 CUDA: ``max_memory_allocated()`` minus ``memory_allocated()`` just before one more call after
-timing. CPU: torch's CPU allocations are invisible to ``tracemalloc``, so ``memory=True`` runs
-every case in a fresh subprocess that imports torch, calls the backend once on tiny inputs
-(code pages and thread pools get loaded), allocates q, k, v (and dO), reads VmRSS from
-/proc/self/status, resets the high-water mark (``5`` into /proc/self/clear_refs), calls the
-backend once and reports VmHWM minus that VmRSS. The child runs with
-``MALLOC_MMAP_THRESHOLD_=65536``: glibc then mmaps every tensor above 64 KiB and unmaps it at
-free, instead of raising its threshold after the first free and serving later tensors from heap
-pages that are already resident (and so invisible to VmHWM). A fresh subprocess knows only the
-built-in backends: one registered in the calling process is skipped there.
+timing. CPU (``memory=True``): every case runs in a fresh subprocess that reads its peak RSS
+(``attnbook._bench_memory``, Linux only).
 
-Defaults (the ``None`` fields of :class:`BenchConfig`):
-
-    dtype     float32 on CPU, float16 on CUDA
-    batch     1 on CPU; 16384 // T on CUDA (16K tokens per batch)
-    heads     8 on CPU, 2048 // D on CUDA; 1 with memory=True
-    dims      64 on CPU; 64 and 128 on CUDA
-    seqs      512, 1024, ..., 8192 on CPU; 1024, 2048, ..., 16384 on CUDA or with memory=True
-    causal    non-causal on CPU; both on CUDA
-    min_time  0.5 s on CPU, 0.1 s on CUDA
-    max_time  10 s (CPU timing only)
-
-``quick=True`` replaces them with tiny sizes on either device: batch 1, heads 2 (1 with
-memory=True), dims 16, seqs 64 and 128 (256 and 512 with memory=True), non-causal,
-min_time 0.01 s, max_time 0.1 s.
+Defaults: the ``None`` fields of :class:`BenchConfig` take their value from :data:`DEFAULTS`,
+the one table of them (``--help`` prints it). ``quick=True`` selects tiny sizes on either device.
 """
 from __future__ import annotations
 
@@ -65,17 +47,20 @@ import json
 import os
 import platform
 import shlex
-import subprocess
 import sys
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.utils.benchmark as torch_benchmark
 
 from ._checks import check_bool, check_choice, check_float, check_int
+from ._bench_memory import DTYPES, Unsupported, call, cpu_memory, inputs, is_oom, supported
 from .dispatch import BACKENDS, attention
 
+__all__ = ["DEFAULTS", "BenchConfig", "attention_flops", "format_table", "machine_info", "main", "run_benchmark"]
+
 MODES = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}  # FLOPs relative to one forward pass
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
 
 
 def attention_flops(batch, heads, tq, tk, dim, *, causal=False, mode="fwd") -> float:
@@ -93,46 +78,105 @@ def attention_flops(batch, heads, tq, tk, dim, *, causal=False, mode="fwd") -> f
     return 4.0 * b * h * tq * tk * d * (0.5 if causal else 1.0) * MODES[mode]
 
 
+class PerCase(NamedTuple):
+    """A default that depends on the case: ``fn(T, D)``, described as ``text``."""
+    text: str
+    fn: Callable
+
+
+def _doubling(lo, hi):
+    return tuple(2 ** i for i in range(lo.bit_length() - 1, hi.bit_length()))
+
+
+# The defaults of BenchConfig's None fields: the one table (the docstring points here, --help
+# prints it). Per field, (situation, value) pairs: the first whose words all apply wins; the
+# words are "quick", "memory" (memory=True) and the device, "cuda" or "cpu".
+DEFAULTS = {
+    "dtype": [("cuda", "float16"), ("cpu", "float32")],
+    "batch": [("quick", 1), ("cuda", PerCase("16384 // T", lambda t, d: max(1, 16384 // t))), ("cpu", 1)],
+    "heads": [("memory", 1), ("quick", 2), ("cuda", PerCase("2048 // D", lambda t, d: max(1, 2048 // d))),
+              ("cpu", 8)],
+    "dims": [("quick", (16,)), ("cuda", (64, 128)), ("cpu", (64,))],
+    "seqs": [("quick memory", (256, 512)), ("quick", (64, 128)), ("memory", _doubling(1024, 16384)),
+             ("cuda", _doubling(1024, 16384)), ("cpu", _doubling(512, 8192))],
+    "causal": [("quick", (False,)), ("cuda", (False, True)), ("cpu", (False,))],
+    "min_time": [("quick", 0.01), ("cuda", 0.1), ("cpu", 0.5)],
+    "max_time": [("quick", 0.1), ("cuda", 10.0), ("cpu", 10.0)],
+}
+
+
+def _default(field, cfg, t=None, d=None):
+    """The DEFAULTS value of ``field`` for ``cfg`` (T and D: for the per-case batch and heads)."""
+    words = {cfg.device} | ({"quick"} if cfg.quick else set()) | ({"memory"} if cfg.memory else set())
+    value = next(val for case, val in DEFAULTS[field] if set(case.split()) <= words)
+    return value.fn(t, d) if isinstance(value, PerCase) else value
+
+
+def describe_default(field) -> str:
+    """One field's row of DEFAULTS in words, e.g. ``"float16 on CUDA, float32 on CPU"``."""
+    where = {"quick memory": "with quick and memory", "quick": "with quick", "memory": "with memory",
+             "cuda": "on CUDA", "cpu": "on CPU"}
+
+    def text(val):
+        if isinstance(val, PerCase):
+            return val.text
+        if isinstance(val, tuple) and all(isinstance(x, bool) for x in val):
+            return "both" if len(val) == 2 else "causal" if val[0] else "non-causal"
+        if isinstance(val, tuple) and len(val) > 3:
+            return f"{val[0]}, {val[1]}, ..., {val[-1]}"
+        return " and ".join(map(str, val)) if isinstance(val, tuple) else f"{val:g}" if isinstance(val, float) \
+            else str(val)
+    return "; ".join(f"{text(val)} {where[case]}" for case, val in DEFAULTS[field])
+
+
 @dataclasses.dataclass
 class BenchConfig:
-    """What to benchmark. ``None`` fields take the defaults tabled in the module docstring."""
+    """What to benchmark. ``None`` fields take their :data:`DEFAULTS` (which depend on device, quick, memory)."""
     device: str = "cpu"                      # "cpu" or "cuda"
-    dtype: str | None = None                 # float32 on CPU; float16 on CUDA
-    batch: int | None = None                 # 1 on CPU; 16384 // T on CUDA (B * T = 16K tokens)
-    heads: int | None = None                 # 8 on CPU, 2048 // D on CUDA; 1 with memory=True
-    dims: tuple[int, ...] | None = None      # (64,) on CPU; (64, 128) on CUDA
-    seqs: tuple[int, ...] | None = None      # 512..8192 on CPU, 1024..16384 on CUDA or with memory=True
-    causal: tuple[bool, ...] | None = None   # (False,) on CPU; (False, True) on CUDA
+    dtype: str | None = None                 # a name in DTYPES
+    batch: int | None = None                 # B
+    heads: int | None = None                 # H
+    dims: tuple[int, ...] | None = None      # head dims D
+    seqs: tuple[int, ...] | None = None      # sequence lengths T (Tq = Tk = T)
+    causal: tuple[bool, ...] | None = None   # which of non-causal (False) / causal (True)
     mode: str = "fwd"                        # "fwd", "bwd" or "fwd+bwd"
     backends: tuple[str, ...] | None = None  # names in attnbook.dispatch.BACKENDS; None: all of them
-    min_time: float | None = None            # seconds of timed runs at least: 0.5 on CPU, 0.1 on CUDA
-    max_time: float | None = None            # CPU: stop timing a case after this many seconds (10)
+    min_time: float | None = None            # seconds of timed runs per case at least
+    max_time: float | None = None            # CPU: stop timing a case after this many seconds
     memory: bool = False                     # memory mode: peak extra memory only (no timing)
     threads: int | None = None               # torch.set_num_threads; None keeps torch's default
     jobs: int = 1                            # CPU memory mode: subprocesses run at once
-    quick: bool = False                      # tiny sizes (tests, smoke runs), see the module docstring
+    quick: bool = False                      # tiny sizes (tests, smoke runs)
 
 
 def _resolve(cfg) -> BenchConfig:
-    """A copy of ``cfg`` (a BenchConfig or a dict of its fields) validated, defaults filled in."""
+    """A copy of ``cfg`` (a BenchConfig or a dict of its fields) validated, defaults filled in.
+
+    ``batch`` and ``heads`` stay None when defaulted: they depend on T and D (``_sizes``).
+    """
     fn = "run_benchmark"
-    cfg = BenchConfig(**cfg) if isinstance(cfg, dict) else dataclasses.replace(cfg)
+    fields = [f.name for f in dataclasses.fields(BenchConfig)]
+    if isinstance(cfg, dict):
+        unknown = sorted(set(cfg) - set(fields), key=str)
+        if unknown:
+            raise TypeError(f"{fn}: `config` has no field {unknown[0]!r} (BenchConfig's fields: {', '.join(fields)})")
+        cfg = BenchConfig(**cfg)
+    elif isinstance(cfg, BenchConfig):
+        cfg = dataclasses.replace(cfg)
+    else:
+        raise TypeError(f"{fn}: `config` must be a BenchConfig or a dict of its fields, got {cfg!r} "
+                        f"({type(cfg).__name__}); e.g. BenchConfig(quick=True)")
     check_choice("device", cfg.device, ("cpu", "cuda"), fn=fn)
     if cfg.device == "cuda" and not torch.cuda.is_available():
         why = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}; no GPU"
         raise ValueError(f"{fn}: device 'cuda' requested but torch.cuda.is_available() is False "
                          f"(torch {torch.__version__} is {why}); use --device cpu")
     cfg.quick, cfg.memory = check_bool("quick", cfg.quick, fn=fn), check_bool("memory", cfg.memory, fn=fn)
-    gpu, quick, memory = cfg.device == "cuda", cfg.quick, cfg.memory
-    cfg.dtype = check_choice("dtype", cfg.dtype or ("float16" if gpu else "float32"), DTYPES, fn=fn)
+    for name in ("dtype", "dims", "seqs", "causal", "min_time", "max_time"):
+        if getattr(cfg, name) is None:
+            setattr(cfg, name, _default(name, cfg))
+    cfg.dtype = check_choice("dtype", cfg.dtype, DTYPES, fn=fn)
     cfg.mode = check_choice("mode", cfg.mode, MODES, fn=fn)
-    if cfg.dims is None:
-        cfg.dims = (16,) if quick else (64, 128) if gpu else (64,)
-    if cfg.seqs is None:
-        cfg.seqs = ((256, 512) if memory else (64, 128)) if quick else \
-            (1024, 2048, 4096, 8192, 16384) if gpu or memory else (512, 1024, 2048, 4096, 8192)
-    if cfg.causal is None:
-        cfg.causal = (False, True) if gpu and not quick else (False,)
     if cfg.backends is None:  # all registered, "sdpa" (the baseline of time / sdpa) first
         cfg.backends = tuple(sorted(BACKENDS, key=lambda name: name != "sdpa"))
     for name in ("dims", "seqs", "causal", "backends"):
@@ -147,35 +191,20 @@ def _resolve(cfg) -> BenchConfig:
         if getattr(cfg, name) is not None:
             setattr(cfg, name, check_int(name, getattr(cfg, name), fn=fn))
     cfg.jobs = check_int("jobs", cfg.jobs, fn=fn)
-    if cfg.min_time is None:
-        cfg.min_time = 0.01 if quick else 0.1 if gpu else 0.5
-    if cfg.max_time is None:
-        cfg.max_time = 0.1 if quick else 10.0
     cfg.min_time = check_float("min_time", cfg.min_time, fn=fn, minimum=0.0, inclusive=False)
     cfg.max_time = check_float("max_time", cfg.max_time, fn=fn, minimum=cfg.min_time)
     return cfg
 
 
-def _inputs(b, h, t, d, dtype, device, grad):
-    """q, k, v ``(B, H, T, D)`` from a fixed seed, and dO for the backward (None for "fwd")."""
-    gen = torch.Generator(device=device).manual_seed(0)
-    q, k, v, do = (torch.randn(b, h, t, d, generator=gen, device=device, dtype=dtype) for _ in range(4))  # (B, H, T, D)
-    return (*(x.requires_grad_(grad) for x in (q, k, v)), do if grad else None)
-
-
-def _call(name, q, k, v, do, causal, mode):
-    """One forward through the dispatcher (``no_grad`` in "fwd" mode) or forward plus ``out.backward(dO)``."""
-    if mode == "fwd":
-        with torch.no_grad():
-            attention(q, k, v, causal=causal, backend=name)
-    else:
-        attention(q, k, v, causal=causal, backend=name).backward(do)
+def _sizes(cfg, t, d):
+    """(B, H) of the case with length T and head dim D: cfg's own or their DEFAULTS."""
+    return cfg.batch or _default("batch", cfg, t, d), cfg.heads or _default("heads", cfg, t, d)
 
 
 def _timed(name, q, k, v, do, causal, mode):
     """The call to time, as a function of no arguments (see "Timing" in the module docstring)."""
     if mode == "fwd":
-        return lambda: _call(name, q, k, v, do, causal, mode)
+        return lambda: call(name, q, k, v, do, causal, mode)
     out = attention(q, k, v, causal=causal, backend=name) if mode == "bwd" else None  # one graph for every run
 
     def run():
@@ -201,27 +230,10 @@ def _median_seconds(run, cfg):
     return m.median, len(m.raw_times) * m.number_per_run
 
 
-class _Unsupported(Exception):
-    """The backend's ``supports`` says no for this case: a skip with its reason, not a failure."""
-
-
-def _is_oom(exc) -> bool:
-    text = str(exc).lower()
-    # torch.OutOfMemoryError is new in torch 2.5; torch.cuda.OutOfMemoryError is the older name.
-    oom = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
-    return isinstance(exc, (oom, MemoryError)) or "out of memory" in text or "can't allocate" in text
-
-
-def _supported(name, q, k, v):
-    ok, why = BACKENDS[name].supports(q, k, v, None)
-    if not ok:
-        raise _Unsupported(why)
-
-
 def _time_and_cuda_memory(cfg, name, b, h, t, d, causal):
     """Median seconds per call, timed calls, and (on CUDA) peak extra bytes of one more call."""
-    q, k, v, do = _inputs(b, h, t, d, DTYPES[cfg.dtype], cfg.device, cfg.mode != "fwd")
-    _supported(name, q, k, v)
+    q, k, v, do = inputs(b, h, t, d, DTYPES[cfg.dtype], cfg.device, cfg.mode != "fwd")
+    supported(name, q, k, v)
     seconds, runs = (None, None) if cfg.memory else _median_seconds(_timed(name, q, k, v, do, causal, cfg.mode), cfg)
     mem = None
     if cfg.device == "cuda":
@@ -229,74 +241,26 @@ def _time_and_cuda_memory(cfg, name, b, h, t, d, causal):
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-        _call(name, q, k, v, do, causal, cfg.mode)
+        call(name, q, k, v, do, causal, cfg.mode)
         torch.cuda.synchronize()
         mem = torch.cuda.max_memory_allocated() - base
     return seconds, runs, mem
 
 
-def _status_kib(field) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field} line")
-
-
-def _child(case) -> dict:
-    """Body of the fresh memory subprocess (``python -m attnbook.bench --_child JSON``)."""
-    name = case["backend"]
-    if name not in BACKENDS:
-        return {"skipped": "registered in the calling process only; CPU memory mode runs each case in a "
-                           "fresh interpreter, which knows the built-in backends"}
-    if case["threads"]:
-        torch.set_num_threads(case["threads"])
-    dtype, grad, (b, h, t, d) = DTYPES[case["dtype"]], case["mode"] != "fwd", case["shape"]
-    q, k, v, do = _inputs(b, h, t, d, dtype, "cpu", grad)
-    try:
-        _supported(name, q, k, v)
-    except _Unsupported as exc:
-        return {"skipped": str(exc)}
-    _call(name, *_inputs(1, 1, min(t, 64), d, dtype, "cpu", grad), case["causal"], case["mode"])  # load code
-    gc.collect()
-    base = _status_kib("VmRSS")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # VmHWM := current VmRSS
-    _call(name, q, k, v, do, case["causal"], case["mode"])
-    return {"extra_bytes": (_status_kib("VmHWM") - base) * 1024}
-
-
-def _cpu_memory(cfg, name, b, h, t, d, causal):
-    """Peak extra bytes of one CPU call, measured in a fresh subprocess (see module docstring)."""
-    case = {"backend": name, "dtype": cfg.dtype, "mode": cfg.mode, "shape": [b, h, t, d], "causal": causal,
-            "threads": cfg.threads}
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-    proc = subprocess.run([sys.executable, "-m", "attnbook.bench", "--_child", json.dumps(case)],
-                          capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        if _is_oom(proc.stderr) or proc.returncode == -9:
-            raise MemoryError(proc.stderr[-300:])
-        raise RuntimeError(f"memory subprocess for {name} T={t} failed:\n{proc.stderr[-2000:]}")
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    if "skipped" in result:
-        raise _Unsupported(result["skipped"])
-    return result["extra_bytes"]
-
-
 def _measure(cfg, row) -> dict:
     """Fill one row's time_s, runs, mem_bytes, or its skip reason or note (out of memory)."""
-    shape = (row["backend"], row["batch"], row["heads"], row["seq"], row["dim"], row["causal"])
+    name, shape, causal = row["backend"], (row["batch"], row["heads"], row["seq"], row["dim"]), row["causal"]
     try:
         if cfg.memory and cfg.device == "cpu":
-            row["mem_bytes"] = _cpu_memory(cfg, *shape)
+            row["mem_bytes"] = cpu_memory(name, cfg.dtype, cfg.mode, shape, causal, cfg.threads)
         else:
-            row["time_s"], row["runs"], row["mem_bytes"] = _time_and_cuda_memory(cfg, *shape)
-    except _Unsupported as exc:
+            row["time_s"], row["runs"], row["mem_bytes"] = _time_and_cuda_memory(cfg, name, *shape, causal)
+    except Unsupported as exc:
         row["skipped"] = str(exc)
     except Exception as exc:  # running out of memory is a result; anything else is a bug
-        if not _is_oom(exc) and "does not require grad" not in str(exc):
+        if not is_oom(exc) and "does not require grad" not in str(exc):
             raise
-        row["note"] = "out of memory" if _is_oom(exc) else "no backward"
+        row["note"] = "out of memory" if is_oom(exc) else "no backward"
     if row["note"]:  # outside the except block, so the traceback's tensors are already freed
         gc.collect()
         if cfg.device == "cuda":
@@ -319,10 +283,9 @@ def run_benchmark(config, *, log=None) -> list[dict]:
         raise RuntimeError("run_benchmark: CPU memory mode needs Linux: /proc/self/status and /proc/self/clear_refs")
     rows = []
     for d in cfg.dims:
-        h = cfg.heads or (1 if cfg.memory else 2 if cfg.quick else 8 if cfg.device == "cpu" else max(1, 2048 // d))
         for causal in cfg.causal:
             for t in cfg.seqs:
-                b = cfg.batch or (max(1, 16384 // t) if cfg.device == "cuda" and not cfg.quick else 1)
+                b, h = _sizes(cfg, t, d)
                 rows += [{"backend": name, "device": cfg.device, "dtype": cfg.dtype, "mode": cfg.mode,
                           "batch": b, "heads": h, "dim": d, "seq": t, "causal": causal, "threads": cfg.threads,
                           "min_time": cfg.min_time, "max_time": cfg.max_time, "memory_mode": cfg.memory,
@@ -423,7 +386,7 @@ def format_table(rows, *, title=None) -> str:
 
 
 def machine_info() -> str:
-    """One line naming the machine and software: OS, CPU model and cores, torch, triton, GPU."""
+    """One line naming the machine and software: OS, CPU model and cores, torch, triton, GPU (also the self-check's)."""
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -441,7 +404,11 @@ def machine_info() -> str:
         if os.path.exists("/proc/driver/nvidia/version"):
             with open("/proc/driver/nvidia/version") as f:
                 driver = " ".join(f.readline().split()[:8])
-        parts.append(f"GPU {torch.cuda.get_device_name()} (CUDA {torch.version.cuda}, {driver})")
+        capability = ".".join(map(str, torch.cuda.get_device_capability()))
+        parts.append(f"GPU {torch.cuda.get_device_name()} (compute capability {capability}, "
+                     f"CUDA {torch.version.cuda}, {driver})")
+    else:
+        parts.append("no CUDA GPU")
     return "; ".join(parts)
 
 
@@ -452,34 +419,31 @@ def _parser() -> argparse.ArgumentParser:
         "length T with the median time,\nthroughput (FlashAttention FLOP convention) and time / sdpa; with "
         "--memory, peak extra\nmemory and its ratio to the 'ref' backend instead. Every backend is called "
         "through\nattnbook.attention(..., backend=name); one that cannot serve a case is reported as skipped.",
-        epilog="Defaults depend on --device (listed in attnbook/bench.py's docstring).\nExamples:\n"
+        epilog="Defaults (attnbook.bench.DEFAULTS; they depend on --device, --quick and --memory):\n"
+               + "".join(f"  {name:9s} {describe_default(name)}\n" for name in DEFAULTS) + "Examples:\n"
                "  python -m attnbook.bench --quick                     # smoke test, a few seconds\n"
                "  python -m attnbook.bench --seq 1024 4096 --mode bwd  # backward only, two lengths\n"
                "  python -m attnbook.bench --memory --jobs 2           # peak memory, T up to 16384")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu",
                    help="default: cuda when torch sees a GPU, else cpu")
-    p.add_argument("--dtype", choices=list(DTYPES), help="default float32 on CPU, float16 on CUDA")
-    p.add_argument("--batch", type=int, help="default 1 on CPU, 16384 // T on CUDA")
-    p.add_argument("--heads", type=int, help="default 8 on CPU, 2048 // D on CUDA; 1 with --memory")
-    p.add_argument("--dim", type=int, nargs="+", help="head dimension(s) D; default 64 on CPU, 64 128 on CUDA")
-    p.add_argument("--seq", type=int, nargs="+", help="sequence length(s) T; default 512 .. 8192 on CPU, "
-                   "1024 .. 16384 on CUDA or with --memory (doubling)")
+    p.add_argument("--dtype", choices=list(DTYPES), help="default: see below")
+    p.add_argument("--batch", type=int, help="B; default: see below")
+    p.add_argument("--heads", type=int, help="H; default: see below")
+    p.add_argument("--dim", type=int, nargs="+", help="head dimension(s) D; default: see below")
+    p.add_argument("--seq", type=int, nargs="+", help="sequence length(s) T; default: see below")
     p.add_argument("--causal", nargs="?", const="yes", choices=["yes", "no", "both"],
-                   help="'--causal' alone: causal only; default: no on CPU, both on CUDA")
+                   help="'--causal' alone: causal only; default: see below")
     p.add_argument("--mode", choices=list(MODES), default="fwd",
                    help="what is timed: the forward under no_grad, out.backward(dO) only, or both (default fwd)")
     p.add_argument("--backends", nargs="+", metavar="NAME",
                    help=f"names in attnbook.dispatch.BACKENDS ({', '.join(BACKENDS)}); default: all of them; "
                         "one whose supports() says no is skipped with the reason")
-    p.add_argument("--min-time", type=float, help="seconds of timed runs per case at least; default 0.5 on CPU, "
-                   "0.1 on CUDA (do_bench's rep)")
-    p.add_argument("--max-time", type=float, help="CPU: seconds after which timing a case stops; default 10")
-    p.add_argument("--memory", action="store_true", help="memory mode: peak extra memory, H=1, T up to 16384")
+    p.add_argument("--min-time", type=float, help="seconds of timed runs per case at least (CUDA: do_bench's rep)")
+    p.add_argument("--max-time", type=float, help="CPU: seconds after which timing a case stops")
+    p.add_argument("--memory", action="store_true", help="memory mode: peak extra memory instead of time")
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--jobs", type=int, default=1, help="memory mode on CPU: subprocesses run at once")
-    p.add_argument("--quick", action="store_true",
-                   help="tiny sizes for a smoke test: B=1, H=2, D=16, T=64 128, non-causal "
-                        "(H=1, T=256 512 with --memory)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes for a smoke test (see the defaults below)")
     p.add_argument("--markdown", action="store_true", help="add a header with machine, date and command")
     p.add_argument("--json", metavar="FILE", help="also write the rows (raw numbers) to FILE as JSON")
     return p
@@ -488,9 +452,6 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     """Command-line entry point: parse arguments, run, print the table (and write rows with --json)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["--_child"]:
-        print(json.dumps(_child(json.loads(argv[1]))))
-        return 0
     parser = _parser()
     args = parser.parse_args(argv)
     causal = {None: None, "yes": (True,), "no": (False,), "both": (False, True)}[args.causal]

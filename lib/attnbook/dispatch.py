@@ -13,9 +13,10 @@ read it, so adding a backend (chapter 09's, or a reader's own) is one call to
   behaviour for NaN / inf in keys and values that the mask hides (see :func:`_sdpa`); the other
   backends never let a hidden key reach the output.
 
-``"auto"`` picks ``"triton"`` when the inputs are on a CUDA device and the Triton kernel supports
-them (see :func:`choose_backend`), and ``"tiled"`` otherwise, so it never picks something that
-fails. Arguments are validated once per call, here; backends receive validated arguments.
+``"auto"`` picks ``"triton"`` when the inputs are on a CUDA device, the Triton kernel supports
+them and has passed its first-use check for that kind of call (:mod:`attnbook.trust`; see
+:func:`choose_backend`), and ``"tiled"`` otherwise, so it never picks something that fails.
+Arguments are validated once per call, here; backends receive validated arguments.
 """
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_attention_args, check_bool, check_choice
+from . import trust
+from ._checks import as_backend, check_attention_args, check_bool, check_choice
+from ._policy import at_least_2d
 from .flash import attention_tiled
 from .reference import attention_ref, causal_mask
 
@@ -47,20 +50,16 @@ def _always(q, k, v, mask):
     return True, ""
 
 
-# The kernels' unchecked bodies (``__wrapped__``): attention() has validated the arguments already.
-def _ref(q, k, v, mask, causal, scale):
-    return attention_ref.__wrapped__(q, k, v, mask=mask, causal=causal, scale=scale).out
-
-
-def _tiled(q, k, v, mask, causal, scale):
-    return attention_tiled.__wrapped__(q, k, v, mask=mask, causal=causal, scale=scale).out
+# The kernels' unchecked bodies: attention() has validated the arguments already.
+_ref = as_backend(attention_ref)
+_tiled = as_backend(attention_tiled)
 
 
 def _sdpa(q, k, v, mask, causal, scale):
     """PyTorch's SDPA with this library's zero policy for fully masked rows made explicit."""
     tq, tk = q.shape[-2], k.shape[-2]
     if mask is not None:  # SDPA indexes dim -2 of its mask: a (Tk,) or 0-d mask becomes (1, Tk) / (1, 1)
-        mask = mask.reshape((1,) * max(0, 2 - mask.ndim) + tuple(mask.shape))
+        mask = at_least_2d(mask)
     attn_mask = mask
     if causal and mask is not None:
         # SDPA refuses attn_mask together with is_causal: fold the causal mask in ourselves.
@@ -84,10 +83,11 @@ def _sdpa(q, k, v, mask, causal, scale):
     return out.masked_fill(~row_ok, 0.0)
 
 
-def _triton(q, k, v, mask, causal, scale):
+def _triton(q, k, v, mask, causal, scale, blocks=None):
+    """The built-in Triton kernel (imported on first use); ``blocks`` fixes its tiles (see _under_check)."""
     from .triton_flash import attention_triton
 
-    return attention_triton.__wrapped__(q, k, v, mask=mask, causal=causal, scale=scale).out
+    return as_backend(attention_triton, blocks=blocks)(q, k, v, mask, causal, scale)
 
 
 def _triton_supports(q, k, v, mask):
@@ -126,15 +126,33 @@ register_backend("sdpa", _sdpa)
 def _choose(q, k, v, mask, causal=None) -> str:
     """``"triton"`` for CUDA inputs it supports once it has passed its first-use self-check, else ``"tiled"``.
 
-    The check (:func:`attnbook.selfcheck.triton_trusted`) runs once per process and kind of call
-    (device, dtype, head-dim bucket, causal, masked, backward); a kind that fails warns once and
-    gets ``"tiled"`` from then on. ``causal=None`` (not known here) needs both kinds to pass.
+    The check (:func:`attnbook.trust.trusted`) runs once per process and kind of call (device,
+    dtype, head dims, causal, masked, backward) on what such calls run (:func:`_under_check`); a
+    kind that fails warns once and gets ``"tiled"`` from then on. ``causal=None`` (not known
+    here) needs both kinds to pass.
     """
     if not (q.is_cuda and BACKENDS["triton"].supports(q, k, v, mask)[0]):
         return "tiled"
-    from . import selfcheck  # imported here: ``import attnbook`` stays free of it on CPU
+    return "triton" if trust.trusted(q, k, v, mask, causal, _under_check) else "tiled"
 
-    return "triton" if selfcheck.triton_trusted(q, k, v, mask, causal) else "tiled"
+
+def _under_check(dtype) -> dict:
+    """The kernels the first-use check runs for ``dtype``: ``{label: fn(q, k, v, mask, causal, scale)}``.
+
+    A kernel registered as ``"triton"`` by the reader: as it is. The built-in one: once per tile
+    configuration it can run in ``dtype`` (:func:`attnbook.triton_flash.tile_configs`: every
+    entry of the autotuning lists, or the float32 tile), each with fixed tiles, warps and stages.
+    """
+    fn = BACKENDS["triton"].fn
+    if fn is not _triton:
+        return {"the registered 'triton' kernel": fn}
+    from .triton_flash import tile_configs
+
+    configs = tile_configs(dtype)
+    return {f"tile config {i + 1} of {len(configs)} (" + ", ".join(
+        f"{name} {bq}x{bk}/{w} warps/{s} stages" for name, (bq, bk, w, s) in config.items()) + ")":
+        lambda q, k, v, mask, causal, scale, config=config: _triton(q, k, v, mask, causal, scale, config)
+        for i, config in enumerate(configs)}
 
 
 def choose_backend(q, k, v, mask=None, *, causal=None) -> str:

@@ -25,7 +25,8 @@ import math
 import torch
 
 from ._checks import attention_kernel, check_bool, check_int, check_tensor
-from .reference import AttentionResult, has_nonfinite, propagate_nonfinite, visible_keys
+from ._policy import DOUBLE_BACKWARD_ERROR, at_least_2d, propagate_nonfinite_tiled
+from .reference import AttentionResult, has_nonfinite
 
 __all__ = ["attention_tiled", "default_blocks", "online_softmax", "tile_schedule"]
 
@@ -213,13 +214,6 @@ def _flatten(t, dtype):
     return t.to(dtype).reshape(math.prod(t.shape[:-2]), t.shape[-2], t.shape[-1])  # (G, T, D)
 
 
-DOUBLE_BACKWARD_ERROR = (
-    "{fn}: double backward (a gradient of a gradient, create_graph=True) is not supported by this "
-    "kernel's custom backward; use backend='ref' or 'sdpa', whose backward is built from "
-    "differentiable operations"
-)
-
-
 def _split_mask(mask, tq, tk, dtype):
     """The user's mask as the kernel's ``(blocked, bias)``, each None or viewed as (..., Tq, Tk).
 
@@ -230,7 +224,7 @@ def _split_mask(mask, tq, tk, dtype):
     """
     if mask is None:
         return None, None
-    mask = mask.reshape((1,) * max(0, 2 - mask.ndim) + tuple(mask.shape))  # at least 2-D
+    mask = at_least_2d(mask)
     if mask.dtype == torch.bool:
         blocked, bias = ~mask, None
     else:
@@ -282,16 +276,6 @@ class _TiledAttention(torch.autograd.Function):
             dmask = dmask.reshape(*lead, tq, tk).sum_to_size(mask.shape).to(mask.dtype)
         return (dq.reshape(q.shape).to(q.dtype), dk.reshape(k.shape).to(k.dtype),
                 dv.reshape(v.shape).to(v.dtype), dmask, None, None, None, None)
-
-
-def propagate_nonfinite_tiled(out, v, mask, causal, block_q):
-    """:func:`propagate_nonfinite` one query tile at a time (O(block_q * Tk) memory, not O(Tq * Tk))."""
-    tq, tk = out.shape[-2], v.shape[-2]
-    return torch.cat([
-        propagate_nonfinite(out[..., i0:i0 + block_q, :], v,
-                            visible_keys(mask, causal, tq, tk, rows=slice(i0, i0 + block_q), device=out.device))
-        for i0 in range(0, tq, block_q)
-    ], dim=-2) if tq else out
 
 
 @attention_kernel

@@ -20,7 +20,7 @@ import torch
 from ._checks import check_choice, check_float, check_int, check_tensor
 
 __all__ = [
-    "assert_close_to_reference", "max_abs_error", "rounding_step", "relative_error",
+    "assert_close_to_reference", "fa_rounding_margin", "max_abs_error", "rounding_step", "relative_error",
     "F64_TOL", "CPU_BACKENDS", "rand", "qkv", "make_mask", "lse_ref", "assert_lse", "import_triton_flash",
 ]
 
@@ -62,6 +62,20 @@ def rounding_step(reference: torch.Tensor, dtype: torch.dtype) -> float:
     return torch.finfo(dtype).eps * max(scale, 1.0)
 
 
+def fa_rounding_margin(reference: torch.Tensor, dtype: torch.dtype) -> float:
+    """FlashAttention's tests' additive margin: ``2 max |(r + 0.3) - 0.3 - r|``, r = the reference in ``dtype``.
+
+    Twice the rounding of one addition at the outputs' magnitude (0.3 plus the entry): much less
+    than :func:`rounding_step`'s ``eps * max(1, max|ref|)``, which in float16 exceeds the naive
+    kernel's own error. The first-use check of ``backend="auto"`` judges with it.
+    """
+    check_tensor("reference", reference, fn="fa_rounding_margin", min_ndim=0)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"fa_rounding_margin: `dtype` must be a floating torch.dtype, got {dtype!r}")
+    r = reference.detach().to(dtype)
+    return 2.0 * float(((r + 0.3) - 0.3 - r).abs().max()) if r.numel() else 0.0
+
+
 def assert_close_to_reference(
     actual: torch.Tensor,
     naive: torch.Tensor,
@@ -69,13 +83,14 @@ def assert_close_to_reference(
     *,
     factor: float = 2.0,
     name: str = "output",
+    step: float | None = None,
 ) -> None:
     """Assert the FlashAttention rule: ``err(actual) <= factor * err(naive) + one rounding step``.
 
     ``err(x) = max |x - reference|``; the rounding step is :func:`rounding_step` of the reference
-    in ``actual``'s dtype. NaN in ``actual`` fails the rule; a naive result that is itself not
-    finite (NaN or inf where the reference is not) leaves no baseline and raises ValueError
-    instead of accepting anything.
+    in ``actual``'s dtype unless ``step`` is given. NaN in ``actual`` fails the rule; a naive
+    result that is itself not finite (NaN or inf where the reference is not) leaves no baseline
+    and raises ValueError instead of accepting anything.
 
     Args:
         actual: the kernel's result (any floating dtype).
@@ -83,6 +98,8 @@ def assert_close_to_reference(
         reference: a float64 result (the truth), same shape.
         factor: 2 for outputs, 3 for gradients (FlashAttention's tests); finite, >= 1.
         name: what is compared, for the message.
+        step: the additive term (finite, >= 0), e.g. :func:`fa_rounding_margin`; default
+            :func:`rounding_step`.
     Raises:
         AssertionError when the rule is broken (the message prints both errors).
     """
@@ -102,7 +119,10 @@ def assert_close_to_reference(
     if not math.isfinite(base):
         raise ValueError(f"{fn}: the naive result for {name} is not finite where the reference is "
                          f"(NaN or inf): it gives no baseline for the rule")
-    step = rounding_step(reference, actual.dtype)
+    if step is None:
+        step = rounding_step(reference, actual.dtype)
+    elif isinstance(step, bool) or not isinstance(step, (int, float)) or not (math.isfinite(step) and step >= 0):
+        raise ValueError(f"{fn}: `step` must be a finite number >= 0 or None, got {step!r}")
     bound = factor * base + step
     if not err <= bound:
         raise AssertionError(

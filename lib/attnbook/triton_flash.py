@@ -21,7 +21,7 @@ A key the mask hides never reaches the output, as in every attnbook backend: the
 hidden keys with a select (NaN / inf in their k never matters), run on ``v`` with its
 non-finite entries set to 0 (hidden keys: weight 0 times 0, not 0 * NaN) and the visible
 non-finite entries of ``v`` are put back afterwards, one query tile at a time
-(:func:`attnbook.flash.propagate_nonfinite_tiled`). Checking ``v`` (and, in the backward, ``k``)
+(:func:`attnbook._policy.propagate_nonfinite_tiled`). Checking ``v`` (and, in the backward, ``k``)
 for non-finite entries costs one pass over it and, on CUDA, one synchronisation per call.
 """
 import contextlib
@@ -30,7 +30,7 @@ import os
 import torch
 
 from ._checks import attention_kernel
-from .flash import DOUBLE_BACKWARD_ERROR, propagate_nonfinite_tiled
+from ._policy import DOUBLE_BACKWARD_ERROR, at_least_2d, propagate_nonfinite_tiled
 from .reference import AttentionResult, has_nonfinite
 
 try:
@@ -46,7 +46,7 @@ else:
     kernels = None
     _INTERPRETED = False
 
-__all__ = ["attention_triton", "triton_support"]
+__all__ = ["attention_triton", "head_dim_bucket", "length_bucket", "tile_configs", "triton_support"]
 
 _MAX_HEAD_DIM = 128
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -124,27 +124,62 @@ def _key_mask(mask, B, H, Tk, device):
     """The key-padding mask as a (B, H, Tk) int8 view (broadcast dims have stride 0), and whether it exists."""
     if mask is None:
         return torch.ones((1, 1, 1), dtype=torch.int8, device=device).expand(B, H, Tk), False
-    mask = mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))  # (B|1, H|1, 1, Tk|1)
+    mask = at_least_2d(mask, 4)  # (B|1, H|1, 1, Tk|1)
     return mask[:, :, 0, :].to(torch.int8).expand(B, H, Tk), True
 
 
-def _block(d):
-    return max(16, triton.next_power_of_2(d))  # tl.dot needs every dimension >= 16
+def length_bucket(t: int) -> int:
+    """A length's power-of-two bucket, the kernels' autotuning key: the next power of two >= t (1 for t <= 1).
+
+    Tiles are tuned once per bucket, not per length: KV-cache decoding (Tq = 1, Tk one longer at
+    every step) re-tunes only when Tk crosses a power of two.
+    """
+    return 1 << max(0, int(t) - 1).bit_length()
+
+
+def head_dim_bucket(d: int) -> int:
+    """The padded head dim the kernels compile for (BLOCK_D, BLOCK_DV): the next power of two >= max(d, 16).
+
+    tl.dot needs every dimension >= 16; the columns d..bucket-1 are zero padding.
+    """
+    return max(16, length_bucket(d))
+
+
+def tile_configs(dtype) -> list[dict]:
+    """Every tile configuration a ``dtype`` call can run on a GPU: one dict per launch of the three kernels.
+
+    Each dict maps ``"fwd"``, ``"dkdv"``, ``"dq"`` to ``(BLOCK_Q, BLOCK_K, num_warps, num_stages)``.
+    float32 runs one fixed tile; float16/bfloat16 are autotuned, and the i-th dict holds the i-th
+    entry of every kernel's autotuning list, so the dicts together cover every entry the
+    autotuner can pick. ``_attention_triton(..., blocks=config)`` runs one of them exactly as the
+    autotuner would (same tiles, warps and stages: the same compiled kernels). Empty without triton.
+    """
+    if kernels is None:
+        return []
+    if dtype == torch.float32:
+        return [{name: fp32_tile for name, (_, _, fp32_tile) in kernels.KERNELS.items()}]
+    lists = {name: [(c.kwargs["BLOCK_Q"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages) for c in tuned.configs]
+             for name, (_, tuned, _) in kernels.KERNELS.items()}
+    return [{name: entries[min(i, len(entries) - 1)] for name, entries in lists.items()}
+            for i in range(max(map(len, lists.values())))]
 
 
 def _launch(name, n, by, B, H, blocks, fp32, *args, **consts):
     """Run kernel `name` on a (tiles of n, B, H) grid; `by` names the tile size that splits n.
 
-    ``blocks`` = (BLOCK_Q, BLOCK_K) fixes the tiles (one compilation, no autotuning: what tests
-    and a quick self-check want); None autotunes 16-bit inputs on a GPU.
+    ``blocks``: None autotunes 16-bit inputs on a GPU (float32 there: its fixed tile; under the
+    interpreter: ``_INTERPRETER_BLOCKS``); ``(BLOCK_Q, BLOCK_K)`` fixes the tiles of every kernel
+    (default warps and stages); a dict of :func:`tile_configs` fixes each kernel's tiles, warps
+    and stages.
     """
     kernel, tuned, fp32_tile = kernels.KERNELS[name]
     if blocks is None and not _INTERPRETED and not fp32:
         tuned[lambda meta: (triton.cdiv(n, meta[by]), B, H)](*args, **consts)
         return
-    if blocks is None and not _INTERPRETED:  # float32 on a GPU
-        block_q, block_k, warps, stages = fp32_tile
-        consts.update(num_warps=warps, num_stages=stages)
+    if isinstance(blocks, dict) or (blocks is None and not _INTERPRETED):  # one config (float32 on a GPU: its tile)
+        block_q, block_k, warps, stages = fp32_tile if blocks is None else blocks[name]
+        if not _INTERPRETED:  # the interpreter has no warps or pipeline stages
+            consts.update(num_warps=warps, num_stages=stages)
     else:
         block_q, block_k = blocks or _INTERPRETER_BLOCKS
     tiles = triton.cdiv(n, block_q if by == "BLOCK_Q" else block_k)
@@ -163,7 +198,8 @@ def _forward(q, k, v, km, has_mask, causal, scale, blocks):
     lse, m, log_l = (torch.empty((B, H, Tq), dtype=torch.float32, device=q.device) for _ in range(3))  # (B, H, Tq)
     _launch("fwd", Tq, "BLOCK_Q", B, H, blocks, q.dtype == torch.float32, q, k, v, km, out, lse, m, log_l,
             *q.stride(), *k.stride(), *v.stride(), *out.stride(), *km.stride(), H, Tq, Tk, D, Dv, scale,
-            HAS_MASK=has_mask, CAUSAL=causal, BLOCK_D=_block(D), BLOCK_DV=_block(Dv))
+            length_bucket(Tq), length_bucket(Tk), HAS_MASK=has_mask, CAUSAL=causal,
+            BLOCK_D=head_dim_bucket(D), BLOCK_DV=head_dim_bucket(Dv))
     return out, lse, m, log_l
 
 
@@ -179,9 +215,11 @@ def _backward(q, k, v, km, out, m, log_l, dout, dlse, has_mask, causal, scale, b
     delta = torch.empty_like(m)  # (B, H, Tq)
     pre_block = _INTERPRETER_BLOCKS[0] if _INTERPRETED else 64
     kernels.attn_bwd_preprocess[(triton.cdiv(Tq, pre_block), B, H)](
-        out, dout, dlse, delta, *out.stride(), *dout.stride(), H, Tq, Dv, BLOCK_Q=pre_block, BLOCK_DV=_block(Dv))
-    args = (*q.stride(), *k.stride(), *v.stride(), *dout.stride(), *km.stride(), H, Tq, Tk, D, Dv, scale)
-    consts = dict(HAS_MASK=has_mask, CAUSAL=causal, BLOCK_D=_block(D), BLOCK_DV=_block(Dv))
+        out, dout, dlse, delta, *out.stride(), *dout.stride(), H, Tq, Dv, BLOCK_Q=pre_block,
+        BLOCK_DV=head_dim_bucket(Dv))
+    args = (*q.stride(), *k.stride(), *v.stride(), *dout.stride(), *km.stride(), H, Tq, Tk, D, Dv, scale,
+            length_bucket(Tq), length_bucket(Tk))
+    consts = dict(HAS_MASK=has_mask, CAUSAL=causal, BLOCK_D=head_dim_bucket(D), BLOCK_DV=head_dim_bucket(Dv))
     fp32 = q.dtype == torch.float32
     _launch("dkdv", Tk, "BLOCK_K", B, H, blocks, fp32, q, k, v, km, dout, m, log_l, delta, dk, dv, *args, **consts)
     _launch("dq", Tq, "BLOCK_Q", B, H, blocks, fp32, q, k, v, km, dout, m, log_l, delta, dq, *args, **consts,
@@ -220,7 +258,7 @@ class _FlashAttention(torch.autograd.Function):
 # ---------------------------------------------------------------------------------------------
 
 @attention_kernel
-def attention_triton(q, k, v, *, mask=None, causal=False, scale=None):
+def attention_triton(q, k, v, *, mask=None, causal=False, scale=None, blocks=None):
     """Fused FlashAttention-2 (chapter 09): softmax(scale * q k^T) v over the visible keys, and its lse.
 
     out_i = sum_j P_ij v_j,  P_ij = exp(scale * q_i . k_j - lse_i) over the keys j that query i
@@ -235,6 +273,9 @@ def attention_triton(q, k, v, *, mask=None, causal=False, scale=None):
             (1, Tk|1), (Tk|1,) or 0-d; from lengths: ``attnbook.padding_mask(lengths, Tk)``.
         causal: query i sees key j only if j <= i (top-left aligned when Tq != Tk).
         scale: logit scale, default 1 / sqrt(D).
+        blocks: None (autotuned tiles for 16-bit inputs on a GPU, a fixed tile for float32), or
+            fixed tiles: ``(BLOCK_Q, BLOCK_K)`` (powers of two >= 16) for every kernel, or one
+            dict of :func:`tile_configs` (what the first-use check of ``backend="auto"`` runs).
     Returns:
         :class:`~attnbook.reference.AttentionResult` ``(out, lse, weights=None)``: out
         (B, H, Tq, Dv) in the input dtype, lse (B, H, Tq) float32, natural log. A row with no
@@ -252,15 +293,29 @@ def attention_triton(q, k, v, *, mask=None, causal=False, scale=None):
     problem = _problem(q, k, v, mask)
     if problem is not None:
         raise problem[0](f"attention_triton: {problem[1]}")
-    return _attention_triton(q, k, v, mask, causal, scale)
+    return _attention_triton(q, k, v, mask, causal, scale, _check_blocks(blocks))
+
+
+def _check_blocks(blocks):
+    """``blocks`` as :func:`attention_triton` takes it, or a ValueError saying what is wrong."""
+    def tile_ok(t):
+        return isinstance(t, int) and not isinstance(t, bool) and t >= 16 and t & (t - 1) == 0
+    if blocks is None or (isinstance(blocks, tuple) and len(blocks) == 2 and all(map(tile_ok, blocks))):
+        return blocks
+    if (isinstance(blocks, dict) and set(blocks) == {"fwd", "dkdv", "dq"} and all(
+            isinstance(c, tuple) and len(c) == 4 and tile_ok(c[0]) and tile_ok(c[1]) and all(
+                isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in c[2:]) for c in blocks.values())):
+        return blocks
+    raise ValueError("attention_triton: `blocks` must be None, (BLOCK_Q, BLOCK_K) with powers of two >= 16, "
+                     f"or a dict of tile_configs(), got {blocks!r}")
 
 
 def _attention_triton(q, k, v, mask, causal, scale, blocks=None):
     """``attention_triton`` on arguments already validated and supported by :func:`triton_support`.
 
-    ``blocks`` = (BLOCK_Q, BLOCK_K) fixes the tiles instead of autotuning them: tests use it, and
-    a first-use self-check on a GPU should too (one compilation per kernel instead of one per
-    autotuning config).
+    ``blocks`` fixes the tiles instead of autotuning them: ``(BLOCK_Q, BLOCK_K)`` for every kernel
+    (tests), or one dict of :func:`tile_configs` (the first-use check of ``backend="auto"`` runs
+    each of them).
     """
     km, has_mask = _key_mask(mask, q.shape[0], q.shape[1], k.shape[2], q.device)
     # hidden keys: weight 0 times 0, not 0 * NaN (the visible ones are put back below)

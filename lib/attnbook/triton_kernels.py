@@ -31,7 +31,12 @@ unaffected. Along the head dims tiles are zero-padded to BLOCK_D, BLOCK_DV: the 
 import triton
 import triton.language as tl
 
-__all__ = ["INTERPRETED", "KERNELS", "attn_bwd_dkdv", "attn_bwd_dq", "attn_bwd_preprocess", "attn_fwd"]
+__all__ = ["INTERPRETED", "KERNELS", "TUNE_KEY", "attn_bwd_dkdv", "attn_bwd_dq", "attn_bwd_preprocess", "attn_fwd"]
+
+# The three autotuned kernels take TQ_BUCKET, TK_BUCKET (the lengths rounded up to a power of two,
+# see ``triton_flash.length_bucket``) only as autotuning key: the body never reads them, so they
+# are not specialised on (no extra compilation when a bucket is 1 or divisible by 16).
+_TUNED_JIT = triton.jit(do_not_specialize=["TQ_BUCKET", "TK_BUCKET"])
 
 
 @triton.jit
@@ -84,10 +89,11 @@ def attn_fwd_inner(acc, l_i, m_i, q, offs_q, k_ptr, v_ptr, km_ptr, stride_kt, st
     return acc, l_i, m_i
 
 
-@triton.jit
+@_TUNED_JIT
 def attn_fwd(Q, K, V, KM, O, LSE, M, LOGL, stride_qb, stride_qh, stride_qt, stride_qd, stride_kb, stride_kh,
              stride_kt, stride_kd, stride_vb, stride_vh, stride_vt, stride_vd, stride_ob, stride_oh, stride_ot,
-             stride_od, stride_mb, stride_mh, stride_mk, H, Tq, Tk, D, Dv, scale, HAS_MASK: tl.constexpr,
+             stride_od, stride_mb, stride_mh, stride_mk, H, Tq, Tk, D, Dv, scale, TQ_BUCKET, TK_BUCKET,
+             HAS_MASK: tl.constexpr,
              CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
              BLOCK_DV: tl.constexpr):
     start_q = tl.program_id(0) * BLOCK_Q
@@ -176,11 +182,12 @@ def attn_bwd_dkdv_inner(dk, dv, k, v, offs_k, q_ptr, do_ptr, m_ptr, logl_ptr, de
     return dk, dv
 
 
-@triton.jit
+@_TUNED_JIT
 def attn_bwd_dkdv(Q, K, V, KM, DO, M, LOGL, DELTA, DK, DV, stride_qb, stride_qh, stride_qt, stride_qd, stride_kb,
                   stride_kh, stride_kt, stride_kd, stride_vb, stride_vh, stride_vt, stride_vd, stride_gb,
                   stride_gh, stride_gt, stride_gd, stride_mb, stride_mh, stride_mk, H, Tq, Tk, D, Dv, scale,
-                  HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                  TQ_BUCKET, TK_BUCKET, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr,
+                  BLOCK_K: tl.constexpr,
                   BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
     start_k = tl.program_id(0) * BLOCK_K
     b = tl.program_id(1).to(tl.int64)
@@ -242,10 +249,10 @@ def attn_bwd_dq_inner(dq, q, do, m, log_l, delta, offs_q, k_ptr, v_ptr, km_ptr, 
     return dq
 
 
-@triton.jit
+@_TUNED_JIT
 def attn_bwd_dq(Q, K, V, KM, DO, M, LOGL, DELTA, DQ, stride_qb, stride_qh, stride_qt, stride_qd, stride_kb,
                 stride_kh, stride_kt, stride_kd, stride_vb, stride_vh, stride_vt, stride_vd, stride_gb, stride_gh,
-                stride_gt, stride_gd, stride_mb, stride_mh, stride_mk, H, Tq, Tk, D, Dv, scale,
+                stride_gt, stride_gd, stride_mb, stride_mh, stride_mk, H, Tq, Tk, D, Dv, scale, TQ_BUCKET, TK_BUCKET,
                 HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, K_NONFINITE: tl.constexpr, BLOCK_Q: tl.constexpr,
                 BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
     start_q = tl.program_id(0) * BLOCK_Q
@@ -286,14 +293,19 @@ def attn_bwd_dq(Q, K, V, KM, DO, M, LOGL, DELTA, DQ, stride_qb, stride_qh, strid
 # Tiles
 # ---------------------------------------------------------------------------------------------
 
-# On a GPU the tiles of 16-bit inputs are autotuned per (Tq, Tk, head dims, mask, causal) from a
-# small list of (BLOCK_Q, BLOCK_K, num_warps, num_stages); float32 (IEEE products on CUDA cores:
-# slow to compile, never fast) uses one small fixed tile. The last entry of each list and the
-# float32 tiles fit the 64 KiB of shared memory of a T4 (sm_75) at D = 128; configs that do not
-# fit are skipped by the autotuner.
+# On a GPU the tiles of 16-bit inputs are autotuned from a small list of (BLOCK_Q, BLOCK_K,
+# num_warps, num_stages) per TUNE_KEY: the lengths' power-of-two buckets (not Tq, Tk themselves,
+# so that KV-cache decoding, Tk + 1 at every step, re-tunes only when Tk crosses a power of two),
+# the padded head dims, mask and causal. float32 (IEEE products on CUDA cores: slow to compile,
+# never fast) uses one small fixed tile. The last entry of each list and the float32 tiles fit
+# the 64 KiB of shared memory of a T4 (sm_75) at D = 128; configs that do not fit are skipped by
+# the autotuner.
+TUNE_KEY = ["TQ_BUCKET", "TK_BUCKET", "BLOCK_D", "BLOCK_DV", "HAS_MASK", "CAUSAL"]
+
+
 def _tuned(kernel, shapes):
     configs = [triton.Config({"BLOCK_Q": bq, "BLOCK_K": bk}, num_warps=w, num_stages=s) for bq, bk, w, s in shapes]
-    return triton.autotune(configs=configs, key=["Tq", "Tk", "BLOCK_D", "BLOCK_DV", "HAS_MASK", "CAUSAL"])(kernel)
+    return triton.autotune(configs=configs, key=TUNE_KEY)(kernel)
 
 
 KERNELS = {  # name: (kernel, autotuned kernel, float32 tile (BLOCK_Q, BLOCK_K, num_warps, num_stages))

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import attnbook.bench as bench
+from attnbook import _bench_memory
 from attnbook import attention, dispatch
 from attnbook.bench import BenchConfig, attention_flops, format_table, main, run_benchmark
 from attnbook.testing import CPU_BACKENDS
@@ -115,14 +116,14 @@ def test_cpu_memory_mode_skips_what_a_fresh_interpreter_cannot_run(monkeypatch):
     # The child side: a name the fresh interpreter's registry lacks (one registered by the caller).
     case = {"backend": "mine", "dtype": "float32", "mode": "fwd", "shape": [1, 1, 8, 4], "causal": False,
             "threads": 1}
-    why = bench._child(case)["skipped"]
+    why = _bench_memory.child(case)["skipped"]
     assert "registered in the calling process only" in why
     # The parent side: the child's answer becomes a skipped row and a note (no real subprocess here).
     monkeypatch.setitem(dispatch.BACKENDS, "mine", dispatch.BACKENDS["sdpa"])
     answers = {"ref": {"extra_bytes": 4096}, "mine": {"skipped": why}}
     answer = lambda cmd, **kw: subprocess.CompletedProcess(  # noqa: E731
         cmd, 0, json.dumps(answers[json.loads(cmd[-1])["backend"]]), "")
-    monkeypatch.setattr(bench.subprocess, "run", answer)
+    monkeypatch.setattr(_bench_memory.subprocess, "run", answer)
     rows = run_benchmark(BenchConfig(device="cpu", memory=True, seqs=(32,), heads=1, dims=(8,),
                                      backends=("ref", "mine")))
     assert rows[0]["mem_bytes"] == 4096 and rows[1]["skipped"] == why and rows[1]["mem_bytes"] is None
@@ -171,3 +172,46 @@ def test_help_explains_the_options(capsys):
                    "python -m attnbook.bench --quick", "--memory", "attnbook.attention(..., backend=name)",
                    "attnbook.dispatch.BACKENDS"):
         assert needle in text, needle
+
+
+def test_a_config_that_is_not_one_gets_a_clear_error():
+    with pytest.raises(TypeError, match=r"run_benchmark: `config` must be a BenchConfig or a dict of its fields, "
+                                        r"got 'quick' \(str\)"):
+        run_benchmark("quick")
+    with pytest.raises(TypeError, match="run_benchmark: `config` has no field 'seq' .*seqs"):
+        run_benchmark({"seq": (64,)})
+
+
+def test_defaults_come_from_one_table():
+    cpu, gpu = bench._resolve(BenchConfig()), bench._resolve(BenchConfig(quick=True, memory=True))
+    assert (cpu.dtype, cpu.dims, cpu.seqs[0], cpu.seqs[-1], cpu.causal) == ("float32", (64,), 512, 8192, (False,))
+    assert (gpu.seqs, gpu.min_time, gpu.max_time) == ((256, 512), 0.01, 0.1)
+    assert bench._sizes(cpu, 512, 64) == (1, 8) and bench._sizes(gpu, 512, 16) == (1, 1)
+    cuda = BenchConfig(device="cuda")  # the CUDA row of the table, without a GPU: _default alone
+    assert bench._default("batch", cuda, 4096, 64) == 4 and bench._default("heads", cuda, 4096, 128) == 16
+    assert bench._default("seqs", cuda) == (1024, 2048, 4096, 8192, 16384)
+    assert bench.describe_default("dtype") == "float16 on CUDA; float32 on CPU"
+    assert bench.describe_default("heads") == "1 with memory; 2 with quick; 2048 // D on CUDA; 8 on CPU"
+    assert bench.describe_default("seqs").startswith("256 and 512 with quick and memory; 64 and 128 with quick; "
+                                                     "1024, 2048, ..., 16384 with memory")
+
+
+def test_help_prints_the_defaults_table(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    for field in bench.DEFAULTS:
+        assert f"  {field:9s} {bench.describe_default(field)}" in text, field
+
+
+def test_the_docstring_quotes_no_measured_time_and_results_md_backs_its_words():
+    # bench's docstring says "ref" at T = 8192 takes seconds per forward on a 2-core CPU and points to
+    # benchmarks/RESULTS.md for the number: the number is read from there, not quoted.
+    import re
+    from pathlib import Path
+
+    assert not re.search(r"\d(\.\d+)? s a forward", bench.__doc__)
+    assert "seconds per\nforward on a 2-core CPU: see its row in benchmarks/RESULTS.md" in bench.__doc__
+    results = (Path(__file__).resolve().parents[2] / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")
+    ref_8192 = re.search(r"^\| ref \| 8192 \| ([\d.]+) \|", results, re.M)
+    assert ref_8192 and 1000 <= float(ref_8192.group(1)) < 60000  # milliseconds: seconds, as the docstring says

@@ -199,9 +199,8 @@ def test_auto_decision_on_cuda(monkeypatch):
 
     q = CudaLike()
     monkeypatch.setattr(dispatch, "check_attention_args", lambda *a, **k: 1.0)  # validated elsewhere
-    import attnbook.selfcheck  # the first-use self-check has its own tests (test_selfcheck.py)
-
-    monkeypatch.setattr(attnbook.selfcheck, "triton_trusted", lambda *a, **k: True)
+    # the first-use check has its own tests (test_trust.py); here it is the one module it lives in
+    monkeypatch.setattr(dispatch.trust, "trusted", lambda *a, **k: True)
     fn = dispatch.BACKENDS["triton"].fn
     monkeypatch.setitem(dispatch.BACKENDS, "triton", dispatch.Backend(fn, lambda *a: (True, "")))
     assert dispatch.choose_backend(q, q, q) == "triton"

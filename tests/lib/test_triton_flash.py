@@ -24,6 +24,7 @@ Tolerances follow FlashAttention's rule (`attnbook.testing.assert_close_to_refer
 float64 <= 2x (3x for gradients) the error of the naive kernel in the same dtype + one rounding step.
 """
 import importlib.util
+import inspect
 import math
 import os
 import re
@@ -36,7 +37,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from attnbook.flash import DOUBLE_BACKWARD_ERROR
+from attnbook._policy import DOUBLE_BACKWARD_ERROR
 from attnbook.reference import attention_ref, padding_mask, visible_keys
 from attnbook.testing import assert_close_to_reference, max_abs_error
 from attnbook.testing import NEG_INF, import_triton_flash, lse_ref
@@ -437,6 +438,59 @@ def test_module_imports_and_reports_without_triton(monkeypatch):
     assert module.triton_support(q, q, q) == (False, "triton is not installed (pip install attnbook[gpu])")
     with pytest.raises(RuntimeError, match=r"attention_triton: triton is not installed \(pip install attnbook\[gpu\]"):
         module.attention_triton(q, q, q)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tiles and autotuning
+# ---------------------------------------------------------------------------------------------
+
+def test_one_rounding_rule_for_head_dims_and_lengths():
+    assert [tf.head_dim_bucket(d) for d in (1, 15, 16, 17, 32, 33, 40, 64, 65, 100, 128)] == \
+        [16, 16, 16, 32, 32, 64, 64, 64, 128, 128, 128]
+    assert [tf.length_bucket(t) for t in (1, 2, 3, 4, 5, 1000, 1024, 1025)] == [1, 2, 4, 4, 8, 1024, 1024, 2048]
+
+
+@pytest.mark.skipif(tf.triton is None, reason="triton is not installed")
+def test_tile_configs_cover_every_entry_the_autotuner_can_pick():
+    configs = tf.tile_configs(torch.float16)
+    for name, (_, tuned, fp32_tile) in tf.kernels.KERNELS.items():
+        entries = {(c.kwargs["BLOCK_Q"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages) for c in tuned.configs}
+        assert {c[name] for c in configs} == entries, name
+        assert tf.tile_configs(torch.float32)[0][name] == fp32_tile
+    assert len(tf.tile_configs(torch.float32)) == 1 and tf.tile_configs(torch.bfloat16) == configs
+
+
+class _Recorder:
+    """Stands in for an autotuned kernel: records the autotuning key of every launch, runs nothing."""
+
+    def __init__(self, kernel, tuned, keys):
+        self.names, self.tuning_key, self.keys = list(inspect.signature(kernel.fn).parameters), tuned.keys, keys
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            bound = {**dict(zip(self.names, args)), **kwargs}
+            self.keys.append(tuple(bound[name] for name in self.tuning_key))
+        return launch
+
+
+@pytest.mark.skipif(tf.triton is None, reason="triton is not installed")
+def test_kv_cache_decoding_retunes_only_when_tk_crosses_a_power_of_two(monkeypatch):
+    assert tf.kernels.TUNE_KEY == tf.kernels.KERNELS["fwd"][1].keys  # what the real autotuners key on
+    assert not {"Tq", "Tk"} & set(tf.kernels.TUNE_KEY)
+    keys = {name: [] for name in tf.kernels.KERNELS}
+    for name, (kernel, tuned, tile) in list(tf.kernels.KERNELS.items()):
+        monkeypatch.setitem(tf.kernels.KERNELS, name, (kernel, _Recorder(kernel, tuned, keys[name]), tile))
+    monkeypatch.setattr(tf, "_INTERPRETED", False)  # take the GPU's autotuned path (nothing is launched)
+    tks = range(1, 300)
+    q = torch.zeros(1, 2, 1, 64, dtype=torch.float16)  # one new token per step
+    for tk in tks:
+        kv = torch.zeros(1, 2, tk, 64, dtype=torch.float16)
+        km, has_mask = tf._key_mask(None, 1, 2, tk, "cpu")
+        tf._forward(q, kv, kv, km, has_mask, False, 0.125, None)
+    buckets = [tf.length_bucket(tk) for tk in tks]
+    assert len(keys["fwd"]) == len(tks) and len(set(keys["fwd"])) == len(set(buckets)) == 10  # 1, 2, ..., 512
+    for (a, b), (ka, kb) in zip(zip(buckets, buckets[1:]), zip(keys["fwd"], keys["fwd"][1:])):
+        assert (ka == kb) == (a == b)  # the key changes exactly where the bucket does
 
 
 # Compiles (without running) every kernel for an H100/H200-class target (sm_90) in a process without
