@@ -181,12 +181,7 @@ class SimpleRNN(nn.Module):
         weights are copied; the two are independent afterwards). ``nn.RNN`` with
         ``batch_first=False`` takes (T, B, d_in); this class always takes (B, T, d_in).
         """
-        fn = "SimpleRNN.from_torch"
-        if not isinstance(rnn, nn.RNN):
-            raise TypeError(f"{fn}: `rnn` must be a torch.nn.RNN, got {type(rnn).__name__}")
-        if rnn.num_layers != 1 or rnn.bidirectional or getattr(rnn, "proj_size", 0):
-            raise ValueError(f"{fn}: only a one-layer, unidirectional nn.RNN without projection is supported, got "
-                             f"num_layers={rnn.num_layers}, bidirectional={rnn.bidirectional}")
+        _check_from_torch(rnn)
         w_ih, w_hh = rnn.weight_ih_l0.detach(), rnn.weight_hh_l0.detach()
         model = cls(rnn.input_size, rnn.hidden_size, nonlinearity=rnn.nonlinearity, bias=rnn.bias,
                     dtype=w_hh.dtype, device=w_hh.device)
@@ -199,6 +194,15 @@ class SimpleRNN(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.d_in}, {self.d_hidden}, nonlinearity={self.nonlinearity!r}, bias={self.b is not None}"
+
+
+def _check_from_torch(rnn) -> None:
+    fn = "SimpleRNN.from_torch"
+    if not isinstance(rnn, nn.RNN):
+        raise TypeError(f"{fn}: `rnn` must be a torch.nn.RNN, got {type(rnn).__name__}")
+    if rnn.num_layers != 1 or rnn.bidirectional or getattr(rnn, "proj_size", 0):
+        raise ValueError(f"{fn}: only a one-layer, unidirectional nn.RNN without projection is supported, got "
+                         f"num_layers={rnn.num_layers}, bidirectional={rnn.bidirectional}")
 
 
 def step_jacobians(rnn: SimpleRNN, z: torch.Tensor) -> torch.Tensor:

@@ -134,9 +134,10 @@ class AttentionScore(nn.Module):
 
     def __init__(self, kind: str, d_query: int, d_key: int, *, d_attn: int | None = None):
         super().__init__()
-        self.kind, self.d_query, self.d_key, self.d_attn = _check_attention_score(kind, d_query, d_key, d_attn)
+        self.kind, self.d_query, self.d_key, self.d_attn = _check_attention_score(
+            kind, d_query, d_key, d_attn)
         if kind == "general":
-            self.weight = nn.Parameter(torch.randn(d_query, d_key) / math.sqrt(d_key))     # W_a
+            self.weight = nn.Parameter(torch.randn(d_query, d_key) / math.sqrt(d_key))
         elif kind == "additive":
             self.w_q = nn.Parameter(torch.randn(d_query, self.d_attn) / math.sqrt(d_query))
             self.w_k = nn.Parameter(torch.randn(d_key, self.d_attn) / math.sqrt(d_key))
@@ -459,8 +460,10 @@ class AttentionSeq2Seq(_Seq2SeqBase):
         temperature = self._check_attend(query, enc, temperature)
         scores = self.score(query, enc.memory)                            # (B, Tq, S)
         scores = scores.masked_fill(~enc.mask[:, None, :], float("-inf"))
-        shifted = scores - scores.amax(-1, keepdim=True)                  # e - max e <= 0, max 0
-        weights = masked_softmax(torch.where(shifted == 0, 0.0, shifted / temperature))  # 0 / T = 0
+        # softmax(e / T) = softmax((e - max e) / T): the best key's logit is then exactly 0, also
+        # when T is so small that e / T overflows (T -> 0 is hard attention, not inf - inf = NaN)
+        shifted = scores - scores.amax(-1, keepdim=True)
+        weights = masked_softmax(torch.where(shifted == 0, 0.0, shifted / temperature))
         return weights @ enc.memory, weights                              # (B, Tq, D_k)
 
     def _check_attend(self, query, enc, temperature) -> float:

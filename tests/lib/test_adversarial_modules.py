@@ -744,7 +744,8 @@ def test_attention_scores_are_permutation_equivariant_in_the_keys():
 
 def test_show_source_of_a_shown_function_is_mostly_maths():
     # the checks live in one _check_<fn> call: at most that one line before the maths
-    for fn, most in ((positional.apply_rope, 1), (reference.padding_mask, 1), (reference.causal_mask, 1),
+    for fn, most in ((positional.apply_rope, 1), (rnn.SimpleRNN.from_torch, 1), (rnn.SimpleRNN.forward, 1),
+                     (rnn.step_jacobians, 1), (seq2seq.Seq2Seq.decode, 1), (seq2seq.AttentionSeq2Seq.decode, 1), (reference.padding_mask, 1), (reference.causal_mask, 1),
                      (rnn.jacobian_product, 1), (rnn.clip_grad_norm, 1), (decoding.beam_search, 1),
                      (decoding.enumerate_sequences, 1), (decoding.random_tree_lm, 2),
                      (positional.alibi_bias, 2), (positional.sinusoidal_encoding, 2)):
