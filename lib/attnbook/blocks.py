@@ -47,7 +47,8 @@ def torch_layer_settings(layer, *, fn: str) -> dict:
 
 
 class EncoderLayer(nn.Module):
-    """One Transformer encoder layer: self-attention and FFN, each with residual + LayerNorm (chapter 08).
+    """One Transformer encoder layer: self-attention and FFN, each with residual + LayerNorm (chapter 08,
+    eq. eq-ch08-encoder-layer).
 
     Post-LN (``norm_first=False``, Vaswani et al. 2017):
         x = LN_1(x + MHA(x));        x = LN_2(x + FFN(x))

@@ -67,7 +67,7 @@ def layer_norm(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5) -> to
 
 
 class LayerNorm(nn.Module):
-    """LayerNorm written from its formula (chapter 08, eq. 3); equals ``nn.LayerNorm``.
+    """LayerNorm written from its formula (chapter 08, eq. eq-ch08-layernorm); equals ``nn.LayerNorm``.
 
     Normalizes each row (one token's d features) with its own mean and biased variance; no
     statistics are shared across the batch or kept between calls, so training and evaluation
@@ -137,7 +137,7 @@ def swiglu_hidden_size(d_model: int, *, multiple_of: int = 1) -> int:
 
 
 class FeedForward(nn.Module):
-    """Position-wise feed-forward network (chapter 07, eq. 1): the same map on every row.
+    """Position-wise feed-forward network (chapter 07, eq. eq-ch07-ffn): the same map on every row.
 
     relu / gelu:  FFN(x) = act(x W_1 + b_1) W_2 + b_2         (W_1: d_model x d_ff)
     swiglu:       FFN(x) = (SiLU(x W_g + b_g) * (x W_1 + b_1)) W_2 + b_2   (Shazeer 2020)
@@ -191,7 +191,7 @@ class FeedForward(nn.Module):
 # ---------------------------------------------------------------------------------------------
 
 class ResidualBlock(nn.Module):
-    """A sublayer f with its residual connection and LayerNorm (chapter 08, eq. 2).
+    """A sublayer f with its residual connection and LayerNorm (chapter 08, eq. eq-ch08-pre-post).
 
     Post-LN (``norm_first=False``, the original Transformer):  y = LN(x + f(x))
     Pre-LN  (``norm_first=True``, e.g. GPT-2):                y = x + f(LN(x))

@@ -114,20 +114,8 @@ def _batch_source(batches, fn: str) -> Callable[[], object]:
     if not isinstance(batches, Iterable) or isinstance(batches, (str, torch.Tensor)):
         raise TypeError(f"{fn}: `batches` must be an iterable of batches or a callable returning one, "
                         f"got {type(batches).__name__}")
-    if iter(batches) is batches:  # a one-shot iterator: empty before the first batch is an error
-        started = []
-
-        def once():
-            try:
-                b = next(batches)
-            except StopIteration:
-                if not started:
-                    raise ValueError(f"{fn}: `batches` is empty (the iterator yielded no batch)") from None
-                raise
-            started.append(True)
-            return b
-
-        return once
+    if iter(batches) is batches:  # a one-shot iterator
+        return lambda: next(batches)
     state = {"it": iter(batches), "fresh": True}
 
     def nxt():
@@ -212,6 +200,8 @@ def fit(model: torch.nn.Module, batches, *, loss_fn: Callable, steps: int | None
             try:
                 batch = next_batch()
             except StopIteration:
+                if not hist.steps:       # the docstring's promise: at least one step runs
+                    raise ValueError(f"{fn}: `batches` is empty (it yielded no batch)") from None
                 hist.stopped_by = "data"
                 break
             if warmup:
@@ -283,7 +273,7 @@ def label_smoothed_cross_entropy(logits: torch.Tensor, target: torch.Tensor, *,
 
 
 def vaswani_lr(step: int, *, d_model: int, warmup: int = 4000) -> float:
-    """The learning rate of Vaswani et al. 2017, eq. 3 (chapter 10, eq. eq-ch10-lr).
+    """The learning rate of Vaswani et al. 2017, section 5.3 (chapter 10, eq. eq-ch10-lr).
 
     lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5): a linear rise for ``warmup``
     steps, then decay as 1/sqrt(step); the peak, at step = warmup, is (d_model * warmup)^-0.5.

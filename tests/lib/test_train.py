@@ -333,7 +333,10 @@ def test_losses_reject_target_ids_outside_the_vocabulary(loss):
 
 
 def test_fit_rejects_an_empty_iterator_like_an_empty_list():
-    for empty in ([], iter([]), (b for b in [])):
+    def exhausted():
+        raise StopIteration
+
+    for empty in ([], iter([]), (b for b in []), exhausted):
         with pytest.raises(ValueError, match="`batches` is empty"):
             fit(linear(), empty, loss_fn=mse, steps=3, lr=0.1, seed=0, progress=False)
     h = fit(linear(), iter([regression()]), loss_fn=mse, steps=3, lr=0.1, seed=0, progress=False)
