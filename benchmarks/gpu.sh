@@ -4,8 +4,8 @@
 #   2. benchmarks/gpu_tables.py                forward and backward tables, fp16/bf16, D 64/128,
 #                                              T 1024..16384, causal and not, Triton vs SDPA (flash); a memory table
 #   3. pytest -m gpu tests/                    the GPU tests
-#   4. pytest tests/lib/test_triton_flash.py tests/lib/test_selfcheck.py -m "not gpu"
-#                                              the Triton tests on the GPU, without the interpreter
+#   4. pytest tests/lib/test_triton_flash.py tests/lib/test_trust.py tests/lib/test_selfcheck.py -m "not gpu"
+#                                              the Triton tests and the first-use check on the GPU
 # and writes $OUT (default benchmarks/gpu_results.md, raw rows in .json beside it): a section ready to
 # paste into benchmarks/RESULTS.md (GPU name, date, torch/triton versions, targets, tables, checks).
 # Each stage has its own time limit and the benchmarks a time budget, so the whole run stays under
@@ -85,15 +85,15 @@ if [ "$DRY" = 0 ]; then
   stage "benchmarks/gpu_tables.py" $(( BUDGET + 60 )) "$PYTHON" benchmarks/gpu_tables.py --out "$OUT" --budget "$BUDGET"
   stage "pytest -m gpu tests/" 60 "$PYTHON" -m pytest -q -m gpu tests/
   # (-k: the test that runs this script's dry run is not repeated from inside it)
-  stage "pytest triton + selfcheck tests on the GPU" 100 \
-    "$PYTHON" -m pytest -q -m "not gpu" tests/lib/test_triton_flash.py tests/lib/test_selfcheck.py
+  stage "pytest triton + trust + selfcheck tests on the GPU" 100 \
+    "$PYTHON" -m pytest -q -m "not gpu" tests/lib/test_triton_flash.py tests/lib/test_trust.py tests/lib/test_selfcheck.py
 else
   cat >&2 <<EOF
 [gpu.sh] dry run: on a GPU the stages would be
   python -m attnbook.selfcheck                                    (limit 100 s)
   python benchmarks/gpu_tables.py --out $OUT --budget 150         (limit 210 s)
   python -m pytest -q -m gpu tests/                               (limit 60 s)
-  python -m pytest -q -m "not gpu" tests/lib/test_triton_flash.py tests/lib/test_selfcheck.py
+  python -m pytest -q -m "not gpu" tests/lib/test_triton_flash.py tests/lib/test_trust.py tests/lib/test_selfcheck.py
                                                                   (limit 100 s; all within TOTAL=470 s)
 EOF
   stage "python -m attnbook.selfcheck (dry run: tiled, float32)" 120 \

@@ -2,10 +2,11 @@
 
 One concept per module (see DESIGN.md): ``reference`` (scores, masks, ``attention_ref``),
 ``flash`` (online softmax, ``attention_tiled``), ``dispatch`` (the entry point below),
+``trust`` (the first-use check ``backend="auto"`` runs before it trusts the Triton kernel),
 ``triton_flash`` (the fused Triton kernel's host side, imported lazily) and ``triton_kernels``
 (its device code), ``efficient`` (linear attention, sparse masks), the building blocks the
 chapters import by module (``rnn``, ``seq2seq``, ``decoding``, ``multihead``, ``positional``,
-``layers``, ``cache``, ``blocks``, ``transformer``, ``data``, ``train``), and helpers for the book (``display``, ``plotting``, ``widgets``, ``testing``, ``bench``, and
+``layers``, ``cache``, ``blocks``, ``transformer``, ``data``, ``train``), and helpers for the book (``display``, ``plotting``, ``widgets``, ``testing``, ``bench``, ``selfcheck``: the machine report, and
 ``exercises``: ``check(name, fn)`` for the hands-on exercises, imported on its own; ``experiments``:
 the book's empirical claims over seeds, ``python -m attnbook.experiments``, imported on its own).
 

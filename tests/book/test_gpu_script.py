@@ -111,3 +111,11 @@ def test_gpu_script_dry_run(tmp_path):
         proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh")], capture_output=True, text=True,
                               env=env, timeout=300)
         assert proc.returncode == 2 and "no CUDA GPU" in proc.stderr
+
+
+def test_gpu_script_runs_the_library_tests_of_the_triton_path_on_the_gpu():
+    script = (ROOT / "benchmarks" / "gpu.sh").read_text(encoding="utf-8")
+    stage = next(line for line in script.splitlines() if "-m \"not gpu\"" in line and "$PYTHON" in line)
+    for name in ("test_triton_flash.py", "test_trust.py", "test_selfcheck.py"):
+        assert f"tests/lib/{name}" in stage, name
+        assert (ROOT / "tests" / "lib" / name).exists(), name

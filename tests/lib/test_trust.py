@@ -411,3 +411,16 @@ def test_the_real_kernel_with_a_bug_fails_its_check(monkeypatch):
     label, fn = next(iter(dispatch._under_check(torch.float32).items()))
     verdict = trust.check({label: fn}, "cpu", torch.float32, 16, shapes=SMALL)
     assert not verdict.ok and "out: max error" in verdict.reason and label in verdict.reason
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_gpu_the_real_kernel_passes_the_check_auto_runs(dtype):
+    # On a GPU: every tile config the autotuner can pick, compiled and run at the check's shapes.
+    if dtype == torch.bfloat16 and torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("bfloat16 needs compute capability >= 8.0")
+    for d, dv, causal, masked in ((80, 80, True, True), (64, 48, False, False), (128, 128, False, True)):
+        verdict = trust.check(dispatch._under_check(dtype), "cuda", dtype, d, dv, causal=causal, masked=masked,
+                              backward=True)
+        assert verdict.ok, verdict.reason
