@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import check_bool, check_float
+from ._checks import check_bool, check_float, check_tensor
 from .cache import CachedAttention, KVCache
 from .layers import FeedForward, LayerNorm
 from .multihead import MultiHeadAttention
@@ -201,7 +201,7 @@ class DecoderLayer(nn.Module):
                 ``DecoderCache.layers``), or None.
             need_weights: also return both attention maps (computed with ``attention_ref``).
         """
-        _check_layer_cache(cache)
+        _check_decoder_forward(x, memory, cache)
         sc, cc = (None, None) if cache is None else cache
         w = {}
 
@@ -250,7 +250,10 @@ class DecoderLayer(nn.Module):
         return new
 
 
-def _check_layer_cache(cache) -> None:
+def _check_decoder_forward(x, memory, cache) -> None:
+    fn = "DecoderLayer.forward"
+    check_tensor("x", x, fn=fn)
+    check_tensor("memory", memory, fn=fn)       # None would make the cross-attention read x itself
     ok = cache is None or (isinstance(cache, (tuple, list)) and len(cache) == 2
                            and all(isinstance(c, KVCache) for c in cache))
     if not ok:

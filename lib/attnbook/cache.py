@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_bool, describe
+from ._checks import check_bool, check_int, describe
 from .multihead import MultiHeadAttention, MultiHeadOutput, _check_inputs, _check_mask, split_heads
 from .positional import apply_rope
 
@@ -78,6 +78,7 @@ class DecoderCache:
     target positions are already inside (``length``)."""
 
     def __init__(self, n_layers: int):
+        n_layers = check_int("n_layers", n_layers, fn="DecoderCache", minimum=0)
         self.layers = [(KVCache(), KVCache(static=True)) for _ in range(n_layers)]
         self.length = 0
 
@@ -188,6 +189,10 @@ def _check_update(cache: KVCache, k, v) -> None:
                                 or v.shape[3] != cache.v.shape[3]):
         raise ValueError(f"{fn}: new keys {tuple(k.shape)} do not continue the cached "
                          f"{tuple(cache.k.shape)} (same B, H_kv, d_k)")
+    if cache.k is not None and (k.dtype, k.device, v.dtype, v.device) != (
+            cache.k.dtype, cache.k.device, cache.v.dtype, cache.v.device):
+        raise TypeError(f"{fn}: new keys and values must have the cached dtype and device "
+                        f"({cache.k.dtype}, {cache.k.device}), got {describe(k)}")
 
 
 def _check_cached_forward(m, query, key, value, mask, causal, need_weights, head_mask, cache) -> None:

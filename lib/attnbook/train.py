@@ -268,7 +268,7 @@ def label_smoothed_cross_entropy(logits: torch.Tensor, target: torch.Tensor, *,
     y = target.masked_fill(~real, 0)                               # any id < V where PAD sits
     nll = -logp.gather(-1, y.unsqueeze(-1)).squeeze(-1)            # -log p_y
     uniform = -logp.mean(-1)                                       # (1/V) sum_c -log p_c
-    loss = (1 - eps) * nll + eps * uniform
+    loss = (1 - eps) * nll + (eps * uniform if eps else 0.0)      # eps = 0: no -inf logit counts
     return loss[real].sum() / real.sum()                           # 0/0 = NaN without real tokens
 
 

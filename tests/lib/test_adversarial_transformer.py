@@ -461,3 +461,25 @@ def test_step_fn_and_fit_leave_the_training_mode_as_they_found_it():
     with eval_mode(m):
         assert not m.training
     assert m.training
+
+
+def test_smoothing_zero_equals_torch_when_some_logits_are_minus_inf():
+    logits = rand(3, 5)
+    logits[:, 4] = float("-inf")                                             # a class masked out
+    target = torch.tensor([0, 1, 2])
+    for eps in (0.0, 0.1):
+        expected = F.cross_entropy(logits, target, label_smoothing=eps)
+        got = label_smoothed_cross_entropy(logits, target, smoothing=eps, pad_id=9)
+        torch.testing.assert_close(got, expected, **F64_TOL)                 # eps = 0: finite; 0.1: inf
+
+
+def test_decoder_layer_needs_a_memory_and_the_cache_keeps_its_dtype():
+    layer = DecoderLayer(8, 2, 16, dtype=f64)
+    with pytest.raises(TypeError, match="DecoderLayer.forward: `memory` must be a torch.Tensor"):
+        layer(rand(2, 3, 8), None)                   # would silently read x as its own memory
+    c = KVCache()
+    c.update(rand(1, 1, 2, 4), rand(1, 1, 2, 4))
+    with pytest.raises(TypeError, match="KVCache.update: new keys and values must have the cached dtype"):
+        c.update(rand(1, 1, 1, 4).float(), rand(1, 1, 1, 4).float())
+    with pytest.raises(ValueError, match="DecoderCache: `n_layers`"):
+        DecoderCache(-1)
