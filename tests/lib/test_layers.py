@@ -309,22 +309,8 @@ def test_count_parameters_transformer_base_shapes():
     assert full["norm"] == (2 * 6 + 3 * 6 + 2) * 2 * d          # 6 + 6 layers and the two final norms
 
 
-def torch_encoder_layer(norm_first, activation="relu", d=16, h=4, d_ff=40, seed=0, bias=True, batch_first=True):
-    torch.manual_seed(seed)
-    layer = nn.TransformerEncoderLayer(d, h, d_ff, dropout=0.1, activation=activation, batch_first=batch_first,
-                                       norm_first=norm_first, bias=bias, dtype=F64)
-    with torch.no_grad():                 # LayerNorms away from 1 / 0, so that copying them matters
-        for ln in (layer.norm1, layer.norm2):
-            ln.weight.add_(0.3 * torch.randn_like(ln.weight))
-            if ln.bias is not None:
-                ln.bias.add_(0.3 * torch.randn_like(ln.bias))
-        if layer.self_attn.in_proj_bias is not None:
-            layer.self_attn.in_proj_bias.add_(0.1 * torch.randn_like(layer.self_attn.in_proj_bias))
-    return layer.eval()
-
-
 def test_count_parameters_mine_equals_torch_by_kind_and_child():
-    ref = torch_encoder_layer(False)
+    ref = nn.TransformerEncoderLayer(16, 4, 40, batch_first=True, dtype=F64)
     mine = EncoderLayer.from_torch(ref)
     assert count_parameters(mine) == count_parameters(ref)
     by_child = count_parameters(mine, by="child")
