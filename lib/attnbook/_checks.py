@@ -100,8 +100,8 @@ def check_choice(name: str, value, choices, *, fn: str):
     """Validate that ``value`` is one of ``choices`` (e.g. ``"tanh"`` among the nonlinearities)."""
     choices = tuple(choices)
     try:
-        ok = value in choices
-    except TypeError:  # unhashable / incomparable value
+        ok = bool(value in choices)
+    except (TypeError, ValueError):  # unhashable / incomparable value (a numpy array's ambiguous ==)
         ok = False
     if not ok:
         raise ValueError(f"{fn}: `{name}` must be one of {choices}, got {value!r}")

@@ -40,6 +40,8 @@ def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
 
 def _validate(fn, q, k, v, mask, causal, feature_map, eps) -> None:
     """Every argument check of the linear-attention functions (``v`` may be None)."""
+    if v is None and fn != "linear_attention_denominator":
+        raise TypeError(f"{fn}: `v` must be a torch.Tensor (..., Tk, Dv), got None")
     if v is None:  # the denominator needs no values: validate q, k with a stand-in
         check_tensor("k", k, fn=fn, min_ndim=2)
         v = k[..., :1]

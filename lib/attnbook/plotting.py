@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ._checks import check_int
+from ._checks import check_choice, check_int
 
 __all__ = ["bar_plot", "heatmap", "hist_plot", "line_plot", "new_figure", "to_numpy"]
 
@@ -125,17 +125,34 @@ def line_plot(x, ys, *, xlabel, ylabel, title=None, logx=False, logy=False, ax=N
 def hist_plot(values, *, bins=50, xlabel, ylabel="density", title=None, ax=None, density=True,
               logy=False, figsize=(4.8, 3.4)):
     """Histogram(s): ``values`` is an array or ``{label: array}``. Returns the Figure."""
-    if isinstance(bins, (int, np.integer)) or not hasattr(bins, "__len__"):
-        check_int("bins", bins, fn="hist_plot")
+    _check_bins(bins)
     groups = values if isinstance(values, Mapping) else {None: values}
     groups = {label: to_numpy(v, name="values", fn="hist_plot").ravel() for label, v in groups.items()}
     if not groups or any(v.size == 0 for v in groups.values()):
         raise ValueError("hist_plot: `values` must be a non-empty array or a dict of non-empty arrays")
+    if any(not np.isfinite(v).any() for v in groups.values()):
+        raise ValueError("hist_plot: `values` must hold at least one finite number per histogram (all NaN/inf)")
     fig, ax = _axes(ax, figsize)
     for label, v in groups.items():
         ax.hist(v, bins=bins, density=density, alpha=0.6, label=label)
     _label(ax, xlabel=xlabel, ylabel=ylabel, title=title, logy=logy, legend=len(groups) > 1)
     return fig
+
+
+_BIN_RULES = ("auto", "fd", "doane", "scott", "stone", "rice", "sturges", "sqrt")  # numpy's estimators
+
+
+def _check_bins(bins) -> None:
+    """``bins``: a count >= 1, one of numpy's rules, or increasing edges (a 1-D sequence of >= 2 numbers)."""
+    if isinstance(bins, str):
+        check_choice("bins", bins, _BIN_RULES, fn="hist_plot")
+    elif isinstance(bins, (int, np.integer)) or not hasattr(bins, "__len__"):
+        check_int("bins", bins, fn="hist_plot")
+    else:
+        edges = to_numpy(bins, name="bins", fn="hist_plot")
+        if edges.ndim != 1 or edges.size < 2 or not np.isfinite(edges).all() or not (np.diff(edges) > 0).all():
+            raise ValueError(f"hist_plot: `bins` as edges must be a 1-D increasing sequence of >= 2 finite "
+                             f"numbers, got {bins!r:.60}")
 
 
 def bar_plot(labels: Sequence[str], values, *, ylabel, title=None, ax=None, logy=False, figsize=(4.8, 3.4)):

@@ -375,6 +375,15 @@ MISUSE = [
     # edge sizes that used to reach an internal error
     ("scaled-D0", lambda: reference.scaled_dot_scores(r(2, 0), r(3, 0)), ValueError, "scaled_dot_scores", "q"),
     ("hist-bins", lambda: plotting.hist_plot([1.0, 2.0], bins=0, xlabel="x"), ValueError, "hist_plot", "bins"),
+    ("lin-v-none", lambda: efficient.linear_attention(q4, k4, None), TypeError, "linear_attention", "v"),
+    ("rec-v-none", lambda: efficient.linear_attention_recurrent(q4, k4, None), TypeError,
+     "linear_attention_recurrent", "v"),
+    ("hist-nan", lambda: plotting.hist_plot([math.nan, math.nan], xlabel="x"), ValueError, "hist_plot", "values"),
+    ("hist-rule", lambda: plotting.hist_plot([1.0, 2.0], bins="x", xlabel="x"), ValueError, "hist_plot", "bins"),
+    ("hist-edges", lambda: plotting.hist_plot([1.0, 2.0], bins=[2, 1], xlabel="x"), ValueError, "hist_plot",
+     "bins"),
+    ("rope-pairing-array", lambda: positional.apply_rope(r(3, 4), pairing=np.array([1, 2])), ValueError,
+     "apply_rope", "pairing"),
     # another device (meta stands in for a GPU on a CPU-only machine)
     ("dev-dot", lambda: reference.dot_scores(q4, k4.to("meta")), TypeError, "dot_scores", "k"),
     ("dev-rope", lambda: positional.apply_rope(r(3, 4), torch.arange(3, device="meta")), ValueError, "apply_rope",
