@@ -232,7 +232,7 @@ class MultiHeadAttention(nn.Module):
         return q, k, v
 
     def _attend(self, q, k, v, mask, causal, need_weights, head_mask) -> MultiHeadOutput:
-        """Step 2: ``head_i = Attention(Q_i, K_i, V_i)`` for every head, then ``Concat(...) W^O``."""
+        """Step 2: ``head_i = Attention(Q_i, K_i, V_i)`` per head, then ``Concat(...) W^O``."""
         group = self.n_heads // self.n_kv_heads
         k, v = repeat_kv(k, group), repeat_kv(v, group)         # (B, H, Tk, d_k): GQA shares
         if need_weights:
