@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import sys
 import time
@@ -41,6 +42,19 @@ def parse(argv):
     if len(args.seeds) < 5 and not args.check:
         p.error(f"--seeds: the committed files need at least 5 seeds, got {args.seeds}")
     return args
+
+
+def _machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (f"{cpu}, {os.cpu_count()} cores, {platform.system()}, torch {torch.__version__}, "
+            f"python {platform.python_version()}, 1 thread")
 
 
 def _old_rows(path: Path) -> list:
@@ -80,8 +94,7 @@ def main(argv=None, registry=None) -> int:
         summaries = [core.summarize(e, rows) for e in every]
         bad = core.failures(summaries)          # the files must not hide a failing claim
     meta = dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                machine=f"{platform.machine()}, {platform.processor() or platform.system()}, "
-                        f"torch {torch.__version__}, python {platform.python_version()}, 1 thread",
+                machine=_machine(),
                 command="python3 make.py experiments" + (f" --only {' '.join(args.only)}" if args.only else ""),
                 seeds=args.seeds, seconds=round(seconds, 1))
     core.write_outputs(rows, summaries, meta, md=args.md, raw=args.json, module=args.module)

@@ -34,10 +34,11 @@ def var_se(s):
 
 
 def var_dk_table(seed: int, n: int = 20_000) -> dict:
-    """Var(q.k) of ``n`` i.i.d. N(0, 1) pairs for d_k = 1..1024 (float32 samples, float64 sums).
+    """Var(q.k) of n i.i.d. N(0, 1) pairs, d_k = 1..1024 (chapter 04, step 3).
 
-    Returns lists ``var_raw``, ``var_scaled`` (= var_raw / d_k), ``se_scaled`` (its standard
-    error) over ``DKS``, and the log-log ``slope`` of var_raw against d_k.
+    float32 samples, float64 sums. Returns the lists var_raw, var_scaled
+    (var_raw / d_k) and se_scaled (its standard error) over DKS, and the
+    log-log slope of var_raw against d_k.
     """
     g = torch.Generator().manual_seed(seed)
     var_raw, var_scaled, se_scaled = [], [], []
@@ -48,7 +49,8 @@ def var_dk_table(seed: int, n: int = 20_000) -> dict:
         var_scaled.append(v / dk)
         se_scaled.append(se / dk)
     slope = float(np.polyfit(np.log(DKS), np.log(var_raw), 1)[0])
-    return dict(var_raw=var_raw, var_scaled=var_scaled, se_scaled=se_scaled, slope=slope)
+    return dict(var_raw=var_raw, var_scaled=var_scaled, se_scaled=se_scaled,
+                slope=slope)
 
 
 def var_dk_metrics(t: dict) -> dict:
@@ -138,7 +140,7 @@ def run_mha_init(seed: int) -> dict:
 
 
 def softmax_jacobian_norm(p):
-    """||diag(p) - p^T p||_F for each row of p (eq. softmax-jacobian)."""
+    """||diag(p) - p^T p||_F of each row of p (chapter 04, softmax Jacobian)."""
     s2, s3 = (p**2).sum(-1), (p**3).sum(-1)
     return (s2 - 2 * s3 + s2**2).clamp_min(0).sqrt()
 
@@ -202,15 +204,19 @@ def run_saturation_by_n(seed: int) -> dict:
 
 
 def recall_batch(batch, g):
-    """P distinct keys, P values (repeats allowed), a random order to ask keys in."""
-    keys = torch.rand(batch, NK, generator=g).argsort(-1)[:, :P]  # (B, P) distinct keys
-    vals = torch.randint(NV, (batch, P), generator=g)             # (B, P)
-    order = torch.rand(batch, P, generator=g).argsort(-1)         # (B, P) pair to ask
+    """P distinct keys, P values (repeats allowed), an order to ask keys in."""
+    # (B, P) distinct keys, (B, P) values, (B, P) which pair each query asks for
+    keys = torch.rand(batch, NK, generator=g).argsort(-1)[:, :P]
+    vals = torch.randint(NV, (batch, P), generator=g)
+    order = torch.rand(batch, P, generator=g).argsort(-1)
     return keys, vals, order
 
 
 class Recall(nn.Module):
-    """One attention layer + a linear readout; each key-value pair sits at one place."""
+    """One attention layer + a linear readout (chapter 04, associative recall).
+
+    Each key-value pair sits at one position, as the sum of its two embeddings.
+    """
 
     def __init__(self, d=32, dk=16):
         super().__init__()

@@ -38,16 +38,18 @@ SORT_LEN, SORT_VOCAB = 8, 10
 
 
 class Stack(nn.Module):
-    """Embedding -> ``n_layers`` encoder layers -> (final LN if Pre-LN) -> linear readout."""
+    """Chapter 08's probe model: embedding -> n_layers encoder layers ->
+    (final LN if Pre-LN) -> linear readout; nn.Linear weights Xavier-uniform."""
 
-    def __init__(self, n_layers, norm_first, eps=1e-5, d=D_M, n_heads=4, d_ff=4 * D_M,
-                 vocab=VOCAB, n_pos=0):
+    def __init__(self, n_layers, norm_first, eps=1e-5, d=D_M, n_heads=4,
+                 d_ff=4 * D_M, vocab=VOCAB, n_pos=0):
         super().__init__()
         EncoderLayer = _encoder_layer()
         self.emb = nn.Embedding(vocab, d)
         self.pos = nn.Parameter(torch.randn(n_pos, d)) if n_pos else None
         self.layers = nn.ModuleList(
-            EncoderLayer(d, n_heads, d_ff, norm_first=norm_first, eps=eps, backend="sdpa")
+            EncoderLayer(d, n_heads, d_ff, norm_first=norm_first, eps=eps,
+                         backend="sdpa")
             for _ in range(n_layers))
         self.final = LayerNorm(d, eps) if norm_first else nn.Identity()
         self.head = nn.Linear(d, vocab)
@@ -72,15 +74,18 @@ def _batch(seed, batch):
     return tokens, torch.randint(VOCAB, (batch, 16), generator=g)
 
 
-def gradient_profile(n_layers, norm_first, seed, eps=1e-5, input_scale=1.0, batch=32):
-    """||dL/dW_2|| of every layer's FFN and the residual-stream std after every layer (arrays)."""
+def gradient_profile(n_layers, norm_first, seed, eps=1e-5, input_scale=1.0,
+                     batch=32):
+    """At initialisation: ||dL/dW_2|| of every layer's FFN and the residual
+    stream's std after every layer (two arrays; chapter 08, step 4). Random
+    tokens and targets, cross-entropy; model from torch.manual_seed(seed)."""
     torch.manual_seed(seed)
     model = Stack(n_layers, norm_first, eps=eps)
     tokens, target = _batch(seed, batch)
     stream = []
     logits = model(tokens, input_scale, stream)
     F.cross_entropy(logits.reshape(-1, VOCAB), target.reshape(-1)).backward()
-    grads = [layer.ffn.linear2.weight.grad.norm().item() for layer in model.layers]
+    grads = [lay.ffn.linear2.weight.grad.norm().item() for lay in model.layers]
     return np.array(grads), np.array(stream)
 
 
