@@ -1,5 +1,8 @@
 """attnbook.exercises: every reference passes, every gallery bug is rejected with its symptom named,
-stubs say 还没有实现, the reader's exceptions are reported, and the verdict is a repeatable bool."""
+stubs say 还没有实现 (a body with code that returns None is told it forgot `return`), the reader's
+exceptions are reported, a result must keep its inputs' dtype, a change to the inputs in place is
+a failure, plausible wrong answers outside the gallery are rejected too, and the verdict is a
+repeatable bool."""
 import contextlib
 import inspect
 import io
@@ -11,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from attnbook import exercises
-from attnbook.exercises import _report, check
+from attnbook.exercises import _core, _report, check
 
 NAMES = ["ch01.clip_grad_norm", "ch04.attention", "ch04.masked_softmax", "ch05.split_heads",
          "ch06.sinusoidal", "ch08.layer_norm", "ch09.online_softmax"]
@@ -19,24 +22,35 @@ NAMES = ["ch01.clip_grad_norm", "ch04.attention", "ch04.masked_softmax", "ch05.s
 # (exercise, bug) -> words the hint must contain: the mistake's symptom, named
 SYMPTOMS = {
     ("ch04.masked_softmax", "wrong_axis"): ["沿错了维度", "dim=-1"],
-    ("ch04.masked_softmax", "fill_minus_1e9"): ["整行被遮住时应该输出 0", "均匀分布", "−1e9"],
-    ("ch04.masked_softmax", "nan_on_fully_masked_row"): ["整行被遮住时应该输出 0，而不是 NaN"],
+    ("ch04.masked_softmax", "fill_minus_1e9"): ["整行被屏蔽时应该输出 0", "均匀分布", "−1e9"],
+    ("ch04.masked_softmax", "nan_on_fully_masked_row"): ["整行被屏蔽时应该输出 0，而不是 NaN"],
     ("ch04.masked_softmax", "mask_polarity_inverted"): ["掩码的含义反了", "True = 可以关注"],
     ("ch04.masked_softmax", "mask_not_broadcast"): ["广播"],
     ("ch04.masked_softmax", "no_max_subtraction"): ["溢出", "减去每行的最大值"],
     ("ch04.masked_softmax", "float16_unsafe_fill"): ["float16", "−1e9", "溢出"],
+    ("ch04.masked_softmax", "max_over_wrong_axis"): ["每一行自己的最大值", "amax(-1, keepdim=True)"],
+    ("ch04.masked_softmax", "mask_multiplies_scores"): ["乘以掩码", "并不能屏蔽", "−inf"],
+    ("ch04.masked_softmax", "masked_after_softmax"): ["先 softmax 再乘以掩码", "不再是 1"],
+    ("ch04.masked_softmax", "epsilon_in_denominator"): ["略小于 1", "分母加了一个小常数"],
+    ("ch04.masked_softmax", "scores_modified_in_place"): ["不要改动传入的张量 `scores`", ".clone()"],
+    ("ch04.masked_softmax", "float32_result"): ["全程用 float64", ".float()"],
     ("ch04.attention", "wrong_axis"): ["沿错了维度", "dim=-1"],
     ("ch04.attention", "no_scaling"): ["没有缩放", "1/√d_k"],
     ("ch04.attention", "scale_by_d_k"): ["1/√d_k", "1/d_k"],
     ("ch04.attention", "scale_by_sqrt_d_v"): ["√d_v", "√d_k"],
     ("ch04.attention", "scale_by_sqrt_d_model"): ["√d_model", "每个头的 √d_k"],
     ("ch04.attention", "missing_transpose"): ["k.transpose(-2, -1)", "转置"],
-    ("ch04.attention", "fill_minus_1e9"): ["整行被遮住时应该输出 0", "均匀分布", "−1e9"],
-    ("ch04.attention", "nan_on_fully_masked_row"): ["整行被遮住时应该输出 0，而不是 NaN"],
+    ("ch04.attention", "fill_minus_1e9"): ["整行被屏蔽时应该输出 0", "均匀分布", "−1e9"],
+    ("ch04.attention", "nan_on_fully_masked_row"): ["整行被屏蔽时应该输出 0，而不是 NaN"],
     ("ch04.attention", "mask_polarity_inverted"): ["掩码的含义反了"],
     ("ch04.attention", "mask_not_broadcast"): ["广播"],
     ("ch04.attention", "float16_unsafe_fill"): ["float16", "−1e9", "溢出"],
     ("ch04.attention", "mask_none_not_handled"): ["mask is not None"],
+    ("ch04.attention", "v_transposed"): ["weights @ v", "v 不用转置"],
+    ("ch04.attention", "scale_by_sqrt_T_k"): ["√T_k", "√d_k"],
+    ("ch04.attention", "mask_multiplies_scores"): ["乘以掩码", "并不能屏蔽"],
+    ("ch04.attention", "masked_after_softmax"): ["先 softmax 再乘以掩码"],
+    ("ch04.attention", "q_scaled_in_place"): ["不要改动传入的张量 `q`", ".clone()"],
     ("ch05.split_heads", "missing_transpose_before_head_reshape"): ["(B, T, H, d_k)", "transpose(1, 2)"],
     ("ch05.split_heads", "strided_heads"): ["连续的第 i 块特征"],
     ("ch05.split_heads", "transpose_of_wrong_dims"): ["最后两维反了"],
@@ -44,19 +58,23 @@ SYMPTOMS = {
     ("ch06.sinusoidal", "halves_concatenated"): ["交错排列"],
     ("ch06.sinusoidal", "pair_frequencies_differ"): ["同一个频率"],
     ("ch06.sinusoidal", "positions_from_one"): ["位置从 0 开始"],
+    ("ch06.sinusoidal", "base_1000"): ["底数应是 10000", "像是用了 1000。"],
     ("ch08.layer_norm", "eps_outside_root"): ["ε 应加在根号里面"],
     ("ch08.layer_norm", "unbiased_variance"): ["有偏估计", "d − 1"],
     ("ch08.layer_norm", "normalized_over_wrong_axis"): ["沿最后一维"],
     ("ch08.layer_norm", "weight_and_bias_ignored"): ["weight（γ）", "bias（β）"],
+    ("ch08.layer_norm", "divides_by_variance"): ["标准差", "不是方差"],
     ("ch01.clip_grad_norm", "clipped_per_tensor"): ["全局范数", "逐个张量裁剪"],
     ("ch01.clip_grad_norm", "rescaled_below_threshold"): ["保持不变", "不会放大"],
     ("ch01.clip_grad_norm", "sum_of_norms"): ["不是各个范数之和"],
     ("ch01.clip_grad_norm", "returns_norm_after_clipping"): ["裁剪之前"],
     ("ch01.clip_grad_norm", "grad_none_not_skipped"): ["None", "跳过"],
+    ("ch01.clip_grad_norm", "grads_not_written_back"): ["原地写回", "局部变量"],
     ("ch09.online_softmax", "sum_not_rescaled"): ["α = exp(m_i − m_new)", "l_i"],
     ("ch09.online_softmax", "rescaled_the_wrong_way"): ["方向反了"],
     ("ch09.online_softmax", "nan_when_a_block_is_all_minus_inf"): ["−inf", "NaN", "换成 0"],
     ("ch09.online_softmax", "last_partial_block_dropped"): ["最后一块", "range(0, N, block)"],
+    ("ch09.online_softmax", "outputs_not_rescaled"): ["前面的块写下的", "α = exp(m_i − m_new)"],
 }
 SEEDS = (0, 1)  # seeds 0-29 were run once by hand, all bugs rejected; two keep this fast
 
@@ -88,6 +106,13 @@ def test_wrap_keeps_words_and_the_width():
     assert "k.transpose(-2," in "".join(pieces)  # an ASCII word is never split
     assert not any(p.strip()[0] in "，。：）" for p in pieces[1:])  # no line starts with a closing mark
     assert "".join("".join(pieces).split()) == "".join(line.split())
+    for width in range(20, 44):  # a closing mark after a word, an opening one, maths signs
+        text = "  提示：缩放应是 √d_k（q、k 的最后一维，4）。exp(−inf − (−inf)) = NaN（float16）。" * 2
+        pieces = _report.wrap(text, width=width)
+        assert not any(p.strip()[0] in "，。）" for p in pieces[1:]), pieces
+        assert not any(p.rstrip().endswith("（") for p in pieces), pieces
+        for word in ("√d_k", "−inf", "exp(−inf"):  # a maths sign stays with its word
+            assert sum(p.count(word) for p in pieces) == text.count(word), (word, pieces)
 
 
 def test_registry_names_every_exercise_and_its_gallery():
@@ -231,18 +256,37 @@ def test_wrong_type_shape_dtype_nan_inf_are_explained(result, words):
 
 
 def test_independent_correct_answers_pass_in_float32_and_float64():
-    def softmax_where(scores, mask):  # float32 throughout, another guard
-        s = torch.where(mask, scores.float(), torch.tensor(-math.inf))
+    def softmax_where(scores, mask):  # torch.where with a 0-dim -inf, NaN turned into 0
+        s = torch.where(mask, scores, torch.tensor(-math.inf))
         return torch.softmax(s, -1).nan_to_num(0.0)
 
     def sdpa(q, k, v, mask=None):  # PyTorch's own kernel (zeros on fully masked rows, torch >= 2.5)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
-    def in_place(scores, mask):  # changes its input: the checker's expected values must not move
-        scores.masked_fill_(~mask, -math.inf)
-        m = scores.amax(-1, keepdim=True).nan_to_num(0.0, neginf=0.0)
-        e = (scores - m).exp()
-        return e / e.sum(-1, keepdim=True).clamp_min(torch.finfo(e.dtype).tiny)
+    def any_guard(scores, mask):  # another guard: where the row has an allowed key
+        w = torch.softmax(scores.masked_fill(~mask, -math.inf), -1)
+        return torch.where(mask.any(-1, keepdim=True), w, 0.0)
+
+    def log_mask(scores, mask):  # an additive mask log(1) = 0, log(0) = -inf
+        return torch.softmax(scores + torch.log(mask.to(scores.dtype)), -1).nan_to_num(0.0)
+
+    def in_float32(scores, mask):  # float16 computed in float32, cast back: the input's dtype
+        s = scores.float().masked_fill(~mask, -math.inf) if scores.dtype == torch.float16 \
+            else scores.masked_fill(~mask, -math.inf)
+        return torch.softmax(s, -1).nan_to_num(0.0).to(scores.dtype)
+
+    def einsum_attention(q, k, v, mask=None):  # scaled q first, einsum, mask broadcast
+        s = torch.einsum("...qd,...kd->...qk", q / math.sqrt(q.shape[-1]), k)
+        if mask is not None:
+            s = s.masked_fill(~mask, -math.inf)
+        return torch.einsum("...qk,...kd->...qd", torch.softmax(s, -1).nan_to_num(0.0), v)
+
+    def clip_rebind_grad(parameters, max_norm):  # p.grad = new tensor; returns a Python float
+        ps = [p for p in parameters if p.grad is not None]
+        total = float(torch.cat([p.grad.flatten() for p in ps]).norm())
+        for p in ps:
+            p.grad = p.grad * min(1.0, max_norm / total)
+        return total
 
     def pe32(n_positions, d_model):
         p = torch.arange(n_positions, dtype=torch.float32)[:, None]
@@ -252,18 +296,21 @@ def test_independent_correct_answers_pass_in_float32_and_float64():
         return out
 
     answers = {
-        "ch04.masked_softmax": [softmax_where, in_place],
-        "ch04.attention": [sdpa],
+        "ch04.masked_softmax": [softmax_where, any_guard, log_mask, in_float32],
+        "ch04.attention": [sdpa, einsum_attention],
         "ch05.split_heads": [lambda x, h: x.unflatten(-1, (h, -1)).transpose(1, 2)],
         "ch06.sinusoidal": [pe32],
         "ch08.layer_norm": [lambda x, w, b, eps=1e-5: F.layer_norm(x, x.shape[-1:], w, b, eps)],
-        "ch01.clip_grad_norm": [torch.nn.utils.clip_grad_norm_],
+        "ch01.clip_grad_norm": [torch.nn.utils.clip_grad_norm_, clip_rebind_grad],
         "ch09.online_softmax": [lambda x, block: torch.softmax(x, -1).nan_to_num(0.0)],
     }
     for name, fns in answers.items():
         for fn in fns:
             ok, text = run(name, fn)
             assert ok is True, text
+    # control: the same kind of answer, one mistake in it, is rejected
+    ok, _ = run("ch04.masked_softmax", lambda s, m: torch.softmax(s.masked_fill(~m, -math.inf), -1))
+    assert ok is False
 
 
 def test_float32_is_judged_by_the_library_rule_not_float64():
@@ -285,11 +332,14 @@ def test_float64_inputs_need_float64_work_and_low_precision_inputs_set_the_rule(
     ok, text = run("ch04.masked_softmax", via_float32)
     assert ok is False and "第 1 个隐藏测试" in text and has(hint_of(text), "float32")
 
-    def upcast(scores, mask):  # computed in the input's dtype, returned as float64: float32 and
-        return ref(scores, mask).double()  # float16 inputs are judged by the rule, not by F64_TOL
+    def upcast(scores, mask):  # float32 / float16 inputs answered in float64: the wrong dtype
+        return ref(scores, mask).double()  # (the next `@ v` would fail)
 
     ok, text = run("ch04.masked_softmax", upcast)
-    assert ok is True, text
+    assert ok is False and "第 4 个隐藏测试" in text  # cases 1-3 are float64: passed
+    assert "dtype 应和输入一样是 float32，得到的是 float64" in text
+    ok, text = run("ch06.sinusoidal", lambda n, d: exercises.get("ch06.sinusoidal").solution(n, d).half())
+    assert ok is False and "float32 或 float64" in text  # no floating input: float16 is too coarse
 
 
 def test_deterministic_and_randomized_per_seed():
@@ -309,3 +359,86 @@ def test_check_leaves_the_global_rng_and_the_inputs_alone():
         run(name, exercises.get(name).solution)
     assert torch.equal(state, torch.get_rng_state())
     assert np.array_equal(np_state, np.random.get_state()[1])
+
+
+def test_forgetting_return_on_the_first_case_is_not_a_stub():
+    ref = exercises.get("ch04.attention").solution
+
+    def forgets_return(q, k, v, mask=None):
+        out = ref(q, k, v, mask)  # noqa: F841
+
+    ok, text = run("ch04.attention", forgets_return)
+    assert ok is False and "还没有实现" not in text and "第 1 个隐藏测试" in text
+    assert has(hint_of(text), "忘了 `return`")
+    assert _core.empty_body(_stubs()[0]) and _core.empty_body(_stubs()[3])
+    assert _core.empty_body(forgets_return) is False and _core.empty_body(torch.softmax) is None
+
+
+def test_a_change_to_the_inputs_in_place_is_reported_and_the_cases_stay_intact():
+    ref = exercises.get("ch04.masked_softmax").solution
+    cases = exercises.get("ch04.masked_softmax").cases(0)
+
+    def flips_the_mask(scores, mask):
+        out = ref(scores, mask)
+        mask.logical_not_()  # the caller's mask is now inverted
+        return out
+
+    ok, text = run("ch04.masked_softmax", flips_the_mask)
+    assert ok is False and "第 1 个隐藏测试" in text
+    assert "返回值是对的，但你的函数原地修改了输入 `mask`" in text and "调用后是" in text
+    assert has(hint_of(text), "不要改动传入的张量 `mask`") and has(hint_of(text), "每一层、每个头")
+    # the hidden cases themselves were not touched (a fresh copy is passed each time)
+    assert all(torch.equal(a.args[1], b.args[1]) for a, b in zip(cases, exercises.get(
+        "ch04.masked_softmax").cases(0)))
+    ok, _ = run("ch01.clip_grad_norm", exercises.get("ch01.clip_grad_norm").solution)
+    assert ok is True  # clipping changes the gradients in place: that is the task
+
+
+def _wrong_answers():
+    """Plausible wrong answers that are not in the galleries -> words their hint must contain."""
+    def sm_dim1(scores, mask):
+        return torch.softmax(scores.masked_fill(~mask, -math.inf), 1).nan_to_num(0.0)
+
+    def at_dim1(q, k, v, mask=None):
+        s = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]))
+        s = s if mask is None else s.masked_fill(~mask, -math.inf)
+        return torch.softmax(s, 1).nan_to_num(0.0) @ v
+
+    def one_argument(scores):
+        return torch.softmax(scores, -1)
+
+    def with_weights(scores, mask):
+        return exercises.get("ch04.masked_softmax").solution(scores, mask), mask
+
+    def squared_norm(parameters, max_norm):
+        grads = [p.grad for p in parameters if p.grad is not None]
+        total = sum(float(g.pow(2).sum()) for g in grads)
+        for g in grads:
+            g.mul_(min(1.0, max_norm / total))
+        return total
+
+    def base_1e5(n_positions, d_model):
+        p = torch.arange(n_positions, dtype=torch.float64)[:, None]
+        w = 1e5 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+        return torch.stack([torch.sin(p * w), torch.cos(p * w)], -1).flatten(-2)
+
+    def whole_tensor(x, weight, bias, eps=1e-5):
+        return (x - x.mean()) / (x.var(unbiased=False) + eps).sqrt() * weight + bias
+
+    return [
+        ("ch04.masked_softmax", sm_dim1, ["dim=1 是头这一维"]),
+        ("ch04.attention", at_dim1, ["dim=1 是头这一维"]),
+        ("ch04.masked_softmax", one_argument, ["masked_softmax(scores, mask)"]),
+        ("ch04.masked_softmax", with_weights, ["不要返回元组"]),
+        ("ch01.clip_grad_norm", squared_norm, ["开平方"]),
+        ("ch06.sinusoidal", base_1e5, ["底数应是 10000", "100000"]),
+        ("ch08.layer_norm", whole_tensor, ["不是整个张量一起"]),
+    ]
+
+
+@pytest.mark.parametrize("name,fn,words", _wrong_answers(), ids=lambda x: getattr(x, "__name__", ""))
+def test_plausible_wrong_answers_outside_the_gallery_are_rejected_and_named(name, fn, words):
+    ok, text = run(name, fn)
+    assert ok is False, f"{name} accepted {fn.__name__}"
+    for word in words:
+        assert has(hint_of(text), word), text

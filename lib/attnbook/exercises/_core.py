@@ -8,6 +8,7 @@ The wording lives in ``_report``; the topics register their exercises in their o
 """
 from __future__ import annotations
 
+import dis
 import inspect
 import zlib
 from dataclasses import dataclass, field
@@ -37,7 +38,8 @@ class Case:
 class Failure:
     """What went wrong in one case, handed to the hint functions."""
 
-    kind: str          # "exception", "type", "dtype", "shape", "nan", "inf", "value"
+    kind: str          # "exception", "type", "dtype", "wrong_dtype", "shape", "nan", "inf",
+                       # "value", "mutated"
     case: Case
     inputs: dict       # argument name -> value, floating tensors in float64
     label: str = OUT   # which output (a function may have several, e.g. gradients)
@@ -45,6 +47,7 @@ class Failure:
     expected: Any = None
     index: tuple | None = None
     exc: BaseException | None = None
+    want: Any = None   # "wrong_dtype": the dtype (or the tuple of dtypes) the result should have
 
 
 def _call_plain(fn, args, kwargs):
@@ -55,6 +58,23 @@ def _call_plain(fn, args, kwargs):
 
 def _stub_plain(ret, outputs, case) -> bool:
     return ret is None or ret is NotImplemented
+
+
+_EMPTY_OPS = {"RESUME", "NOP", "CACHE", "LOAD_CONST", "RETURN_VALUE", "RETURN_CONST"}
+
+
+def empty_body(fn) -> bool | None:
+    """Whether ``fn``'s body does nothing (``...``, ``pass``, a docstring, ``return None``):
+    True / False, or None when ``fn`` has no Python code to look at (a builtin, a callable)."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    try:
+        ops = list(dis.get_instructions(code))
+    except Exception:  # noqa: BLE001  (an exotic code object: cannot tell)
+        return None
+    return all(op.opname in _EMPTY_OPS and (op.opname not in ("LOAD_CONST", "RETURN_CONST")
+                                            or op.argval is None) for op in ops)
 
 
 @dataclass(frozen=True)
@@ -71,6 +91,9 @@ class Exercise:
     is_stub: Callable = _stub_plain  # (return value, outputs, case) -> bool
     f64_tol: Mapping[str, float] = field(default_factory=lambda: dict(F64_TOL))
     low_atol: Callable | None = None  # (case, dtype) -> atol, instead of the FlashAttention rule
+    mutates: bool = False  # True: changing the arguments in place is the task (clipping)
+    # result dtypes accepted when a case has no floating input (else: the inputs' dtype)
+    dtypes: tuple = (torch.float32, torch.float64)
 
     @property
     def params(self) -> list:
@@ -138,6 +161,14 @@ def _first(mask: torch.Tensor) -> tuple:
     return tuple(int(i) for i in idx)
 
 
+def _input_dtype(case: Case) -> torch.dtype | None:
+    """The dtype of the case's floating inputs (None if it has none): the result's dtype."""
+    found = []
+    _map((case.args, dict(case.kwargs)),
+         lambda t: found.append(t.dtype) if t.is_floating_point() else None)
+    return max(found, key=lambda d: torch.finfo(d).eps) if found else None
+
+
 def _working_dtype(dtype: torch.dtype, case: Case) -> torch.dtype:
     """The least precise of the result's dtype and the case's floating inputs: float32 inputs
     returned as float64 are judged as float32 (the answer cannot be better than its inputs)."""
@@ -159,6 +190,9 @@ def _compare(ex: Exercise, case: Case, label: str, got, expected, inputs) -> Fai
     fail["got"] = got
     if tuple(got.shape) != tuple(expected.shape):
         return Failure("shape", **fail)
+    want = _input_dtype(case)
+    if (got.dtype != want) if want is not None else (got.dtype not in ex.dtypes):
+        return Failure("wrong_dtype", want=want if want is not None else ex.dtypes, **fail)
     if got.numel() == 0:
         return None
     g64 = got.double()
@@ -183,8 +217,30 @@ def _compare(ex: Exercise, case: Case, label: str, got, expected, inputs) -> Fai
     return Failure("value", index=_first(err == err.max()), **fail)
 
 
+def _mutated(ex: Exercise, case: Case, args, kwargs, inputs) -> Failure | None:
+    """A Failure if ``fn`` changed one of its tensor arguments in place (the caller's data)."""
+    if ex.mutates:
+        return None
+    given = dict(zip(ex.params, case.args), **case.kwargs)
+    passed = dict(zip(ex.params, args), **kwargs)
+    for key, before in given.items():
+        after = passed.get(key)
+        if not isinstance(before, torch.Tensor) or not isinstance(after, torch.Tensor):
+            continue
+        if after.shape != before.shape or after.dtype != before.dtype:
+            return Failure("mutated", case=case, inputs=inputs, label=key, got=after,
+                           expected=before)
+        same = before == after
+        if before.is_floating_point():
+            same |= before.isnan() & after.isnan()
+        if not bool(same.all()):
+            return Failure("mutated", case=case, inputs=inputs, label=key, got=after,
+                           expected=before, index=_first(~same))
+    return None
+
+
 def _hint(ex: Exercise, failure: Failure) -> str:
-    for hint in ex.hints:
+    for hint in (lambda f: _report.signature_hint(ex, f), *ex.hints):
         try:
             text = hint(failure)
         except Exception:  # a hint must never hide the report itself
@@ -195,16 +251,26 @@ def _hint(ex: Exercise, failure: Failure) -> str:
 
 
 # --------------------------------------------------------------------------- check
+def _is_stub(ex: Exercise, fn, ret, outputs, case) -> bool:
+    if ret is NotImplemented:
+        return True
+    if ret is None and empty_body(fn) is False:  # code that forgot `return`, not a stub
+        return False
+    return ex.is_stub(ret, outputs, case)
+
+
 def check(name: str, fn: Callable, *, seed: int = 0) -> bool:
     """Run exercise ``name``'s hidden cases on the reader's ``fn``; print the verdict in Chinese.
 
     Returns True when every case passes (after a one-line ✓), else False after explaining the
     first failing case: its inputs, the position, expected vs got, and a hint naming the
     mistake's symptom. A wrong answer, a wrong shape/dtype, NaN/inf and an exception raised
-    inside ``fn`` are all reported, never raised. A stub counts as "还没有实现": on the first
-    case ``fn`` returns None or ``NotImplemented`` (a body of ``...`` or ``pass``) or raises
-    NotImplementedError (exercises that change their arguments in place refine this: see
-    their ``is_stub``).
+    inside ``fn`` are all reported, never raised. So is a result in another dtype than the
+    inputs, and a change ``fn`` makes to its arguments in place (the caller's tensors). A stub
+    counts as "还没有实现": on the first case ``fn`` raises NotImplementedError, returns
+    ``NotImplemented``, or returns None from a body that does nothing (``...``, ``pass``); a
+    body with code that returns None is told it forgot ``return`` (exercises that change
+    their arguments in place refine this: see their ``is_stub``).
 
     Args:
         name: an exercise from :func:`names`, e.g. ``"ch04.masked_softmax"``.
@@ -222,8 +288,9 @@ def check(name: str, fn: Callable, *, seed: int = 0) -> bool:
         inputs = named_inputs(ex, case)
         expected = {key: val.detach().double()
                     for key, val in _run(ex, ex.solution, case, torch.float64)[1].items()}
+        args, kwargs = _fresh(case.args), _fresh(dict(case.kwargs))
         try:
-            ret, outputs = _run(ex, fn, case)
+            ret, outputs = ex.run(fn, args, kwargs)
         except NotImplementedError as exc:
             if i == 0:
                 print(_report.stub(ex))
@@ -232,7 +299,7 @@ def check(name: str, fn: Callable, *, seed: int = 0) -> bool:
         except Exception as exc:  # the reader's bug is reported, not propagated
             failure = Failure("exception", case=case, inputs=inputs, exc=exc)
         else:
-            if i == 0 and ex.is_stub(ret, outputs, case):
+            if i == 0 and _is_stub(ex, fn, ret, outputs, case):
                 print(_report.stub(ex))
                 return False
             failure = None
@@ -240,6 +307,8 @@ def check(name: str, fn: Callable, *, seed: int = 0) -> bool:
                 failure = _compare(ex, case, label, outputs.get(label), exp, inputs)
                 if failure is not None:
                     break
+            if failure is None:
+                failure = _mutated(ex, case, args, kwargs, inputs)
         if failure is not None:
             print(_report.explain(ex, failure, i, len(cases), _hint(ex, failure)))
             return False

@@ -6,19 +6,22 @@ classic mistakes live with the topic; the generic ones below are the fallback.
 """
 from __future__ import annotations
 
+import inspect
 import re
 import unicodedata
 
 import torch
 
 __all__ = ["WIDTH", "close", "describe", "explain", "fmt_row", "generic_hint", "nearest", "passed",
-           "stub", "wrap"]
+           "signature_hint", "stub", "wrap"]
 
 # The book's code and output column shows ~80 monospace columns at 1280 px (CHAPTER.md point 14);
 # a Chinese character takes two. Every line check prints fits in WIDTH columns.
 WIDTH = 76
-_UNITS = re.compile(r"[ ]+|[\x21-\x7e]+|.", re.S)  # runs of spaces, ASCII words, single others
+# runs of spaces, words (ASCII and the maths signs written inside them: −inf, √d_k, p·ω_i), others
+_UNITS = re.compile(r"[ ]+|[\x21-\x7e−√Σ‖²·αβγεωπ…]+|.", re.S)
 _NO_LINE_START = set("，。；：、）》」』！？…—")
+_NO_LINE_END = set("（《「『")
 
 
 def _cols(text: str) -> int:
@@ -28,8 +31,8 @@ def _cols(text: str) -> int:
 def wrap(line: str, width: int = WIDTH) -> list:
     """Split one line into lines of at most ``width`` columns (CJK = 2), breaking between
     Chinese characters or at spaces, never inside an ASCII word, never before a closing mark
-    (the character before it moves down with it); continuation lines keep the line's indent
-    plus two spaces. A single unit wider than the line stays whole."""
+    (the unit before it moves down with it) and never after an opening mark; continuation
+    lines keep the line's indent plus two spaces. A single unit wider than the line stays whole."""
     indent = line[: len(line) - len(line.lstrip(" "))]
     out, cur = [], []  # cur: the units of the line being filled
 
@@ -40,8 +43,9 @@ def wrap(line: str, width: int = WIDTH) -> list:
         lead = indent if not out else indent + "  "
         if cur and _cols(lead) + cols(cur) + _cols(unit) > width:
             carry = []
-            if unit[0] in _NO_LINE_START and len(cur) > 1 and not cur[-1].isspace():
-                carry = [cur.pop()]
+            while len(cur) > 1 and not cur[-1].isspace() and (
+                    cur[-1][-1] in _NO_LINE_END or (carry or [unit])[0][0] in _NO_LINE_START):
+                carry.insert(0, cur.pop())
             out.append((lead + "".join(cur)).rstrip())
             cur = carry
             if unit.isspace() and not cur:
@@ -121,6 +125,16 @@ def fmt_row(t: torch.Tensor, limit: int = 8, digits: int = 4) -> str:
     return "[" + "，".join(vals) + more + "]"
 
 
+def _value(t: torch.Tensor, idx: tuple) -> str:
+    """One entry of ``t`` for a message: True / False for a bool tensor, a number otherwise."""
+    x = t[idx].item()
+    return str(x) if isinstance(x, bool) else _num(float(x))
+
+
+def _dtype(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
 def _index(idx: tuple) -> str:
     return "[" + ", ".join(str(i) for i in idx) + "]"
 
@@ -144,7 +158,7 @@ def _where(f) -> list:
     e, g = float(exp[idx]), float(got[idx])
     d = _digits(e, g)
     if exp.ndim == 0:
-        lines.append(f"{what}：期望 {_num(e, d)}，得到 {_num(g, d)}。")
+        lines.append(f"{what.rstrip()}：期望 {_num(e, d)}，得到 {_num(g, d)}。")
         return lines
     lines.append(f"{what}在位置 {_index(idx)} 不对：期望 {_num(e, d)}，得到 {_num(g, d)}。")
     row = idx[:-1]
@@ -158,6 +172,18 @@ def _where(f) -> list:
 
 def _problem(f) -> list:
     what = f"`{f.label}` " if f.label != "返回值" else "返回值"
+    if f.kind == "mutated":
+        if f.index is None:
+            return [f"你的函数原地修改了输入 `{f.label}`：调用之后它的形状或 dtype 变了。"]
+        return [f"返回值是对的，但你的函数原地修改了输入 `{f.label}`：调用之后它和传入时"
+                f"不一样（第一处在位置 {_index(f.index)}：传入时是 "
+                f"{_value(f.expected, f.index)}，调用后是 {_value(f.got, f.index)}）。"]
+    if f.kind == "wrong_dtype":
+        if isinstance(f.want, torch.dtype):
+            return [f"{what}的 dtype 应和输入一样是 {_dtype(f.want)}，得到的是 "
+                    f"{_dtype(f.got.dtype)}。"]
+        return [f"{what}的 dtype 应是 {' 或 '.join(_dtype(d) for d in f.want)}，得到的是 "
+                f"{_dtype(f.got.dtype)}。"]
     if f.kind == "exception":
         return [f"你的函数抛出了异常 {type(f.exc).__name__}: {f.exc}"]
     if f.kind == "type":
@@ -174,13 +200,39 @@ def _problem(f) -> list:
     return _where(f)
 
 
+def signature_hint(ex, f) -> str | None:
+    """For a TypeError raised by the call itself: the parameters the exercise expects."""
+    text = str(f.exc) if f.kind == "exception" else ""
+    if not (isinstance(f.exc, TypeError) and re.search(
+            r"positional argument|keyword argument|takes \d+|missing \d+ required", text)):
+        return None
+    sig = inspect.signature(ex.solution)
+    return (f"函数的参数要和题目一致：{ex.solution.__name__}{sig}（check 按这个顺序传入"
+            "参数；带默认值的参数也要保留默认值）。")
+
+
 def generic_hint(f) -> str:
     """The fallback hint for each kind of failure."""
+    if f.kind == "mutated":
+        why = "（同一个掩码会传给每一层、每个头）" if f.label == "mask" else ""
+        return (f"不要改动传入的张量 `{f.label}`：调用者之后还要用它{why}。用返回新张量的写法"
+                "（masked_fill、x = x / c），不用原地的（masked_fill_、x /= c、x[...] = …）；"
+                "非改不可就先 .clone()。")
+    if f.kind == "wrong_dtype":
+        if not isinstance(f.want, torch.dtype):
+            return "用 float32 或 float64 计算并返回（float16 只有约 3 位有效数字）。"
+        if f.want == torch.float64:
+            return ("float64 的输入要全程用 float64 计算并返回：不要写死 dtype=torch.float32，"
+                    "也不要 .float()。")
+        return (f"为了精度把 {_dtype(f.want)} 的输入放到更高的精度里算没有问题，但最后要用 "
+                f".to(输入.dtype) 转回 {_dtype(f.want)}：后面的 `@ v` 要求两边的 dtype 相同。")
     if f.kind == "exception":
         return "先用这一例的形状在单元里单独调用你的函数，看看是哪一行出错。"
     if f.kind == "type":
         if f.got is None:
             return "函数没有返回任何东西：是不是忘了 `return`？"
+        if isinstance(f.got, tuple):
+            return "只返回一个张量，不要返回元组（例如 (输出, 权重)）。"
         return "用 torch 的运算计算并返回一个张量（不要转成 numpy 或 Python 数）。"
     if f.kind == "dtype":
         return "整数或布尔张量做不了 softmax 这类运算：检查是不是把掩码当成了结果返回。"

@@ -4,7 +4,8 @@
 and N (before clipping) is returned, like ``torch.nn.utils.clip_grad_norm_``. PyTorch divides by
 ``N + 1e-6``; both that and ``max_norm / N`` are accepted (relative tolerance 1e-5). The classic
 bugs clip each tensor by its own norm, rescale even below the threshold, sum the norms, return
-the norm after clipping, or trip over a parameter whose ``.grad`` is None.
+the norm after clipping, trip over a parameter whose ``.grad`` is None, or compute the factor
+and never write the scaled gradients back (``g = g * c`` rebinds a local name).
 """
 from __future__ import annotations
 
@@ -60,12 +61,21 @@ def _none_grad(parameters, max_norm):
     return total
 
 
+def _not_written_back(parameters, max_norm):
+    grads = _grads(parameters)
+    total = torch.stack([g.norm() for g in grads]).norm()
+    for g in grads:
+        g = g * torch.clamp(max_norm / total, max=1.0)  # noqa: PLW2901  (the bug: a new tensor)
+    return total
+
+
 BUGS = {
     "clipped_per_tensor": _per_tensor,
     "rescaled_below_threshold": _always,
     "sum_of_norms": _sum_of_norms,
     "returns_norm_after_clipping": _after,
     "grad_none_not_skipped": _none_grad,
+    "grads_not_written_back": _not_written_back,
 }
 
 
@@ -79,7 +89,10 @@ def _run(fn, args, kwargs):
         p.grad = g
         params.append(p)
     ret = fn(params, max_norm, **kwargs)
-    norm = torch.tensor(float(ret), dtype=torch.float64) if isinstance(ret, (int, float)) else ret
+    # the norm is a number: a Python float or a 0-dim tensor of any float dtype (rtol 1e-5)
+    scalar = isinstance(ret, (int, float)) and not isinstance(ret, bool) or (
+        isinstance(ret, torch.Tensor) and ret.ndim == 0 and ret.is_floating_point())
+    norm = torch.tensor(float(ret), dtype=torch.float64) if scalar else ret
     out = {NORM: norm}
     out.update({f"parameters[{i}].grad": p.grad for i, p in enumerate(params) if grads[i] is not None})
     return ret, out
@@ -127,14 +140,18 @@ def _hint(f):
             return "全局范数是所有梯度拼成一个向量后的 L2 范数 sqrt(Σ‖g_p‖²)，不是各个范数之和 Σ‖g_p‖。"
         if abs(got - min(float(total), f.inputs["max_norm"])) < 1e-4:
             return "返回的应是裁剪之前的全局范数（和 torch.nn.utils.clip_grad_norm_ 一样），不是裁剪之后的。"
+        if abs(got - float(total) ** 2) < 1e-6 * got:
+            return "返回的像是 Σ‖g_p‖²：全局范数还要开平方，N = sqrt(Σ‖g_p‖²)。"
         return None
     i = int(f.label.split("[")[1].split("]")[0])
     given = f.inputs["parameters"][i]
     if "below" in f.case.tags:
         return "全局范数没有超过 max_norm 时梯度应保持不变：系数是 min(1, max_norm / N)，不会放大。"
     if torch.allclose(f.got.double(), given) and "global" in f.case.tags:
-        return ("每个张量单独看都没有超过阈值，但应该用所有梯度合起来的全局范数 N = sqrt(Σ‖g_p‖²) 判断，"
-                "并把所有梯度乘以同一个系数：逐个张量裁剪会改变整个梯度的方向。")
+        return ("梯度一点都没变。每个张量单独看都没有超过阈值，但应该用所有梯度合起来的全局范数 "
+                "N = sqrt(Σ‖g_p‖²) 判断，并把所有梯度乘以同一个系数（逐个张量裁剪会改变整个梯度的"
+                "方向）；如果算了系数，还要原地写回：g.mul_(c) 或 p.grad = p.grad * c，"
+                "g = g * c 只改了局部变量。")
     return f"所有梯度都乘以同一个系数 min(1, max_norm / N)，N = {float(total):.4f} 是全局范数。"
 
 

@@ -3,7 +3,7 @@
 ``y = (x - mean) / sqrt(var + eps) * weight + bias`` over the last dim, with the *biased*
 variance (divide by d) and eps *inside* the square root: what ``torch.nn.LayerNorm`` computes.
 The classic bugs put eps outside the root, use the unbiased variance, normalize over the wrong
-axis or forget the gain and shift. A row with a tiny variance makes the eps bug large.
+axis, divide by the variance instead of its root or forget the gain and shift. A row with a tiny variance makes the eps bug large.
 """
 from __future__ import annotations
 
@@ -19,9 +19,13 @@ def layer_norm(x, weight, bias, eps=1e-5):
     return _lib_layer_norm(x, weight, bias, eps)
 
 
-def _variant(x, weight, bias, eps, *, outside=False, unbiased=False, dim=-1, affine=True):
+def _variant(x, weight, bias, eps, *, outside=False, unbiased=False, dim=-1, affine=True,
+             root=True):
     mean = x.mean(dim, keepdim=True)
     var = x.var(dim, keepdim=True, unbiased=unbiased)
+    if not root:
+        y = (x - mean) / (var + eps)
+        return y * weight + bias if affine else y
     y = (x - mean) / (var.sqrt() + eps if outside else (var + eps).sqrt())
     return y * weight + bias if affine else y
 
@@ -42,11 +46,16 @@ def _no_affine(x, weight, bias, eps=1e-5):
     return _variant(x, weight, bias, eps, affine=False)
 
 
+def _no_root(x, weight, bias, eps=1e-5):
+    return _variant(x, weight, bias, eps, root=False)
+
+
 BUGS = {
     "eps_outside_root": _eps_outside,
     "unbiased_variance": _unbiased,
     "normalized_over_wrong_axis": _wrong_axis,
     "weight_and_bias_ignored": _no_affine,
+    "divides_by_variance": _no_root,
 }
 
 
@@ -75,6 +84,9 @@ def _hint(f):
              "与 nn.LayerNorm 相同。", _variant(x, w, b, eps, unbiased=True)),
             ("均值和方差要沿最后一维（每个词元自己的 d 个特征，dim=-1）计算。",
              _variant(x, w, b, eps, dim=0)),
+            ("均值和方差要沿最后一维（每个词元自己的 d 个特征，dim=-1）计算，不是整个张量一起。",
+             _variant(x, w, b, eps, dim=tuple(range(x.ndim)))),
+            ("要除以标准差 sqrt(var + ε)，不是方差 var + ε。", _variant(x, w, b, eps, root=False)),
             ("归一化之后还要乘以 weight（γ）、加上 bias（β）。", _variant(x, w, b, eps, affine=False))]
     if eps != 1e-5:
         alts.append(("用传入的 eps，不要写死 1e-5。", _variant(x, w, b, 1e-5)))

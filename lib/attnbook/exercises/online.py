@@ -3,7 +3,8 @@
 The reader keeps a running max ``m_i`` and sum ``l_i`` per row: ``m' = max(m, rowmax(x_b))``,
 ``l' = exp(m - m') * l + rowsum(exp(x_b - m'))``, then ``softmax(x) = exp(x - m) / l``. The
 classic bugs forget to rescale the old sum when the max grows, rescale the wrong way, get NaN
-when a whole block (or row) is -inf (``exp(-inf - (-inf))``), or drop the last, partial block.
+when a whole block (or row) is -inf (``exp(-inf - (-inf))``), drop the last, partial block, or
+write each block's ``exp(x_b - m)`` as they go and rescale the sum but not those outputs.
 """
 from __future__ import annotations
 
@@ -39,6 +40,22 @@ def _variant(x, block, *, rescale="right", guard=True, tail=True):
     return out
 
 
+def _stale_outputs(x, block):
+    """Each block's exp(x_b - m) is written with the max known at that block; only l is rescaled."""
+    m = torch.full(x.shape[:-1] + (1,), NEG_INF, dtype=x.dtype)
+    l_i = torch.zeros_like(m)
+    out = torch.zeros_like(x)
+    for j in range(0, x.shape[-1], block):
+        xb = x[..., j:j + block]
+        m_new = torch.maximum(m, xb.amax(-1, keepdim=True))
+        m_use = m_new.masked_fill(m_new == NEG_INF, 0.0)
+        l_i = torch.exp(m.masked_fill(m == NEG_INF, 0.0) - m_use) * l_i \
+            + torch.exp(xb - m_use).sum(-1, keepdim=True)
+        out[..., j:j + block] = torch.exp(xb - m_use)  # never rescaled later
+        m = m_new
+    return out / l_i.masked_fill(l_i == 0, 1.0)
+
+
 def _no_rescale(x, block):
     return _variant(x, block, rescale="none")
 
@@ -60,6 +77,7 @@ BUGS = {
     "rescaled_the_wrong_way": _inverted,
     "nan_when_a_block_is_all_minus_inf": _no_guard,
     "last_partial_block_dropped": _tail,
+    "outputs_not_rescaled": _stale_outputs,
 }
 
 
@@ -74,7 +92,7 @@ def _cases(g):
         Case("N 是 block 的整数倍，最大值逐块变大", (ramp, 2), note="N = 6，block = 2：三块。"),
         Case("N 不是 block 的整数倍", (r(3, 7), 3), note="N = 7，block = 3：最后一块只有 1 列。"),
         Case("第一块全是 −inf，最后一行整行是 −inf", (first_masked, 2),
-             note="x[:, :2] 是 −inf（例如被遮住的键）；x[2] 整行是 −inf，应输出 0。",
+             note="x[:, :2] 是 −inf（例如被屏蔽的键）；x[2] 整行是 −inf，应输出 0。",
              tags=frozenset({"masked"})),
         Case("block = 1", (r(2, 5), 1)),
         Case("block 比 N 大", (r(2, 5), 8), note="只有一块。"),
@@ -97,6 +115,9 @@ def _hint(f):
                 "l_i' = α·l_i + rowsum(exp(x_b − m_new))。")
     if close(f.got, _inverted(x, block)):
         return "α = exp(m_i − m_new) ≤ 1（旧的最大值减新的），你的像是 exp(m_new − m_i)：方向反了。"
+    if close(f.got, _stale_outputs(x, block)):
+        return ("l_i 修正了，但前面的块写下的 exp(x_b − m) 用的还是当时的最大值：最大值变大以后，"
+                "它们也要乘以 α = exp(m_i − m_new)（或者最后用最终的 m_i 统一算 exp(x − m_i) / l_i）。")
     if close(f.got, _tail(x, block)):
         return (f"N = {x.shape[-1]} 不是 block = {block} 的整数倍时，最后一块不满 block 列，也要算进去："
                 "range(0, N, block)，切片 x[..., j:j + block] 会自动截短。")

@@ -3,7 +3,7 @@
 ``PE[p, 2i] = sin(p * omega_i)``, ``PE[p, 2i + 1] = cos(p * omega_i)``, ``omega_i = 10000 ** (-2i / d)``
 (Vaswani et al. 2017, section 3.5), interleaved as in the paper. The classic bugs swap sin and
 cos, concatenate ``[sin | cos]`` halves, give the two columns of a pair different frequencies,
-or count positions from 1. A float32 answer is judged with an absolute tolerance that grows
+count positions from 1, or use another base than 10000. A float32 answer is judged with an absolute tolerance that grows
 with the largest angle (``p * omega`` itself is rounded by up to ``p * 2**-24``).
 """
 from __future__ import annotations
@@ -22,9 +22,9 @@ def sinusoidal(n_positions, d_model):
     return sinusoidal_encoding(n_positions, d_model, dtype=torch.float64)
 
 
-def _angles(n, d, exponent, start=0):
+def _angles(n, d, exponent, start=0, base=10000.0):
     p = torch.arange(start, start + n, dtype=torch.float64)[:, None]
-    return p * torch.exp(-math.log(10000.0) * exponent / d)
+    return p * torch.exp(-math.log(base) * exponent / d)
 
 
 def _interleave(even, odd):
@@ -51,11 +51,21 @@ def _from_one(n_positions, d_model):
     return _interleave(torch.sin(a), torch.cos(a))
 
 
+def _base(n_positions, d_model, base):
+    a = _angles(n_positions, d_model, torch.arange(0, d_model, 2, dtype=torch.float64), base=base)
+    return _interleave(torch.sin(a), torch.cos(a))
+
+
+def _base_1000(n_positions, d_model):
+    return _base(n_positions, d_model, 1000.0)
+
+
 BUGS = {
     "sin_cos_swapped": _swapped,
     "halves_concatenated": _halves,
     "pair_frequencies_differ": _pair_frequencies_differ,
     "positions_from_one": _from_one,
+    "base_1000": _base_1000,
 }
 
 _HINTS = (
@@ -85,6 +95,12 @@ def _hint(f):
     for bug, text in _HINTS:
         if close(f.got, bug(n, d), atol=1e-3):
             return text
+    if n > 1 and d >= 4:  # read omega_1 off PE(1)[2] = sin(omega_1), then the base it implies
+        omega = math.asin(max(-1.0, min(1.0, float(f.got[1, 2]))))
+        base = omega ** (-d / 2) if 0 < omega < 1 else None
+        if base and abs(base - 1e4) > 1 and close(f.got, _base(n, d, base), atol=1e-3):
+            return (f"频率的底数应是 10000：ω_i = 10000^(−2i/d)；你的结果像是用了 {base:.6g}。"
+                    "第 0、1 列（i = 0，ω_0 = 1）与底数无关，所以从第 2 列开始不同。")
     return "逐列检查：第 2i 列是 sin(p / 10000^(2i/d))，第 2i+1 列是 cos(p / 10000^(2i/d))。"
 
 
