@@ -145,7 +145,9 @@ def test_where_and_quote_against_given_summaries(capsys):
                 res_product=90.0, net=0.6)
     out = experiments.where(name, good, summaries=summaries)
     assert out == {"net": True, "res_min": False, "res_max": False, "holds": True}
-    assert "net: 本次 (seed 0): 0.60；3 个种子：最小 0.50 · 中位 0.90 · 最大 1.00" in capsys.readouterr().out
+    printed = capsys.readouterr().out.split("\n")
+    assert printed[0].endswith("本次 (seed 0)  3 个种子：最小 · 中位 · 最大")
+    assert printed[1].split() == ["net", "0.60", "0.50", "·", "0.90", "·", "1.00"]
     assert not experiments.where(name, dict(good, net=0.01), summaries=summaries, display=False)["holds"]
     assert experiments.quote(name, "net", summaries) == "0.50–0.90–1.00"
     with pytest.raises(KeyError, match="quote: `metric` must be one of"):

@@ -17,6 +17,7 @@ import math
 import pprint
 import statistics
 import time
+import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,6 +150,11 @@ def run_experiments(experiments: Sequence[Experiment], seeds: Sequence[int] = DE
     return rows
 
 
+def _width(text: str) -> int:
+    """Columns ``text`` takes in a monospace font (CJK characters take two)."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
 def _fmt(value: float, fmt: str) -> str:
     return format(value, fmt)
 
@@ -208,29 +214,30 @@ def where(name: str, metrics: dict, *, seed: int = 0, summaries: dict | None = N
           display: bool = True) -> dict:
     """Show where this run's quoted metrics fall in the committed multi-seed range.
 
-    Prints one line per quoted metric, e.g. ``本次 (seed 0): 0.94；5 个种子：最小 0.86 · 中位 0.93
-    · 最大 0.95``, and returns ``{metric: True if inside [min, max]}`` (plus ``"holds"``: the
-    claim's predicate on this run).
+    Prints a small table: per quoted metric, this run's value and the committed
+    ``最小 · 中位 · 最大`` over the seeds, e.g. ``net   0.52   0.52 · 0.91 · 1.03``; returns
+    ``{metric: True if inside [min, max]}`` plus ``"holds"``: the claim's predicate on this run.
     """
     exp = get(name)
     summaries = committed() if summaries is None else summaries
     if name not in summaries:
         raise KeyError(f"where: `name` must be a claim in EXPERIMENTS.md, got {name!r}; "
                        "run `python3 make.py experiments`")
-    entry, out, lines = summaries[name], {}, []
+    entry, out = summaries[name], {}
     n = len(entry["seeds"])
     grouped = exp.unit.startswith("group")       # one "seed" = a group of model seeds
     this = f"第 {seed} 组" if grouped else f"seed {seed}"
     many = f"{n} 组种子" if grouped else f"{n} 个种子"
+    width = max(len(m) for m in exp.quoted)
+    col = _width(f"本次 ({this})")
+    lines = [f"{'':{width}s}  本次 ({this})  {many}：最小 · 中位 · 最大"]
     for m in exp.quoted:
         if m not in metrics:
             raise KeyError(f"where: `metrics` must contain {m!r} (quoted by {name}), got {sorted(metrics)}")
-        st = entry["metrics"][m]
-        value = float(metrics[m])
+        st, value, f = entry["metrics"][m], float(metrics[m]), exp.fmt
         out[m] = st["min"] <= value <= st["max"]
-        f = exp.fmt
-        lines.append(f"{m}: 本次 ({this}): {_fmt(value, f)}；{many}：最小 {_fmt(st['min'], f)}"
-                     f" · 中位 {_fmt(st['median'], f)} · 最大 {_fmt(st['max'], f)}")
+        lines.append(f"{m:{width}s}  {_fmt(value, f):>{col}s}  "
+                     + " · ".join(_fmt(st[k], f) for k in ("min", "median", "max")))
     out["holds"] = bool(exp.holds(_clean(metrics, name)))
     if display:
         print("\n".join(lines))
