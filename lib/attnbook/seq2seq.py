@@ -400,7 +400,7 @@ class AttentionSeq2Seq(_Seq2SeqBase):
     ``forward(src, src_mask, tgt_in, *, temperature=1.0)``: the softmax uses ``e / temperature``
     (1 = the model as trained; any finite T > 0; as T -> 0 the weights become hard attention, uniform
     over the keys that tie for the highest score, and a T so small that ``e / T`` overflows gives
-    exactly that limit, never NaN). Returns ``Seq2SeqOutput`` with weights ``(B, T, S)``.
+    that limit, never NaN; see ``attend``). Returns ``Seq2SeqOutput`` with weights ``(B, T, S)``.
     """
 
     def __init__(self, src_vocab: int, tgt_vocab: int, *, d_emb: int = 32, d_hidden: int = 64,
@@ -453,17 +453,20 @@ class AttentionSeq2Seq(_Seq2SeqBase):
         2. ``alpha = masked_softmax(e / temperature)`` (exactly 0 on PAD, > 0 elsewhere), computed
            as ``softmax((e - max e) / T)``, the same by shift invariance: the best key's logit is then
            exactly 0 for every T, so T -> 0 gives hard attention (uniform over tied best keys) and not
-           inf - inf = NaN;
+           inf - inf = NaN. A T below the smallest normal number of the model's dtype
+           (``torch.finfo(dtype).tiny``) is used as that number, where ``(e - max e) / T`` already
+           underflows every other key's weight to 0 (unless its score is within ~100 tiny of the
+           best), so that ``0 / T`` never becomes ``0 / 0``;
         3. ``c = alpha H`` (weighted sum of the encoder states).
         Returns ``(contexts (B, Tq, D_k), weights (B, Tq, S))``.
         """
         temperature = self._check_attend(query, enc, temperature)
         scores = self.score(query, enc.memory)                            # (B, Tq, S)
         scores = scores.masked_fill(~enc.mask[:, None, :], float("-inf"))
-        # softmax(e / T) = softmax((e - max e) / T): the best key's logit is then exactly 0, also
-        # when T is so small that e / T overflows (T -> 0 is hard attention, not inf - inf = NaN)
-        shifted = scores - scores.amax(-1, keepdim=True)
-        weights = masked_softmax(torch.where(shifted == 0, 0.0, shifted / temperature))
+        # softmax(e / T) = softmax((e - max e) / T): the best key's logit is then exactly 0 however
+        # small T is (T -> 0 is hard attention; e / T alone would give inf - inf = NaN)
+        shifted = scores - scores.amax(-1, keepdim=True).detach()  # a constant shift: no gradient
+        weights = masked_softmax(shifted / temperature)
         return weights @ enc.memory, weights                              # (B, Tq, D_k)
 
     def _check_attend(self, query, enc, temperature) -> float:
@@ -476,7 +479,8 @@ class AttentionSeq2Seq(_Seq2SeqBase):
         if query.dtype != self.init.weight.dtype or query.device != self.init.weight.device:
             raise TypeError(f"{fn}: `query` must have the model's dtype {self.init.weight.dtype} and device "
                             f"{self.init.weight.device}, got {describe(query)}")
-        return check_float("temperature", temperature, fn=fn, minimum=0.0, inclusive=False)
+        temperature = check_float("temperature", temperature, fn=fn, minimum=0.0, inclusive=False)
+        return max(temperature, torch.finfo(self.init.weight.dtype).tiny)  # see step 2 above
 
     def decode(self, tgt_in: torch.Tensor, enc: EncoderOutput, *,
                temperature: float = 1.0) -> Seq2SeqOutput:

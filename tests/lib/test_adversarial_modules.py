@@ -519,6 +519,21 @@ def test_attention_temperature_ties_share_the_weight_and_large_t_is_uniform():
     torch.testing.assert_close(w[:, 0], MASK.double() / MASK.sum(1, keepdim=True), **TOL)
 
 
+def test_stable_temperature_form_has_the_plain_forms_gradient():
+    model = _s2s(True)
+    enc = model.encode(SRC, MASK)
+    for tau in (0.3, 1.0, 4.0):
+        q1 = r(2, 3, 6, seed=9).requires_grad_()
+        q2 = q1.detach().clone().requires_grad_()
+        _, w = model.attend(q1, enc, temperature=tau)
+        e = model.score(q2, enc.memory).masked_fill(~MASK[:, None, :], -math.inf)
+        plain = torch.softmax(e / tau, -1)
+        probe = r(2, 3, 4, seed=10)
+        (g1,) = torch.autograd.grad((w * probe).sum(), q1)
+        (g2,) = torch.autograd.grad((plain * probe).sum(), q2)
+        torch.testing.assert_close(g1, g2, **TOL)
+
+
 def test_temperature_one_is_unchanged_by_the_stable_form():
     model = _s2s(True)
     enc = model.encode(SRC, MASK)
