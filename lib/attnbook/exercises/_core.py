@@ -8,8 +8,10 @@ The wording lives in ``_report``; the topics register their exercises in their o
 """
 from __future__ import annotations
 
+import ast
 import dis
 import inspect
+import textwrap
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -63,6 +65,22 @@ def _stub_plain(ret, outputs, case) -> bool:
 _EMPTY_OPS = {"RESUME", "NOP", "CACHE", "LOAD_CONST", "RETURN_VALUE", "RETURN_CONST"}
 
 
+def _empty_source(fn) -> bool | None:
+    """The same question asked of the source (a bytecode this Python version words otherwise)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    node = tree.body[0] if tree.body else None
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    return all(isinstance(st, ast.Pass)
+               or isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant)
+               or isinstance(st, ast.Return) and (st.value is None or isinstance(
+                   st.value, ast.Constant) and st.value.value is None)
+               for st in node.body)
+
+
 def empty_body(fn) -> bool | None:
     """Whether ``fn``'s body does nothing (``...``, ``pass``, a docstring, ``return None``):
     True / False, or None when ``fn`` has no Python code to look at (a builtin, a callable)."""
@@ -72,9 +90,11 @@ def empty_body(fn) -> bool | None:
     try:
         ops = list(dis.get_instructions(code))
     except Exception:  # noqa: BLE001  (an exotic code object: cannot tell)
-        return None
-    return all(op.opname in _EMPTY_OPS and (op.opname not in ("LOAD_CONST", "RETURN_CONST")
-                                            or op.argval is None) for op in ops)
+        return _empty_source(fn)
+    if all(op.opname in _EMPTY_OPS and (op.opname not in ("LOAD_CONST", "RETURN_CONST")
+                                        or op.argval is None) for op in ops):
+        return True
+    return bool(_empty_source(fn))  # False unless the source shows an empty body
 
 
 @dataclass(frozen=True)
