@@ -155,6 +155,8 @@ def selfcheck(*, devices=None, dtypes=None, backends=None, d=64, file=None, verb
         TypeError / ValueError for bad arguments, naming the argument.
     """
     d = check_int("d", d, fn="selfcheck")
+    if d > 1024:  # the inputs are (2, 2, 70, d) float64 tensors, per dtype and device
+        raise ValueError(f"selfcheck: `d` must be a head dim of at most 1024, got {d}")
     verbose = check_bool("verbose", verbose, fn="selfcheck")
     if file is not None and not callable(getattr(file, "write", None)):
         raise TypeError(f"selfcheck: `file` must be a writable text stream or None, got {type(file).__name__}")

@@ -41,7 +41,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import as_backend
+from ._checks import as_backend, check_bool, check_int
 from .flash import attention_tiled
 from .reference import attention_ref, padding_mask
 from .testing import F64_TOL, assert_close_to_reference, fa_rounding_margin, max_abs_error
@@ -231,9 +231,9 @@ def check(kernels, device, dtype, d=64, dv=None, *, causal=False, masked=False, 
         ``reason`` names the kernel, the shape and what failed (compilation, shared memory, an
         exception, or which result disagreed and by how much).
     """
-    dv = d if dv is None else dv
-    kernels = kernels if isinstance(kernels, dict) else {"kernel": kernels}
-    shapes = CHECK_SHAPES if shapes is None else shapes
+    kernels, dtype, d, dv, shapes = _check_args(kernels, dtype, d, dv, shapes)
+    causal, masked, backward = (check_bool(n, x, fn="check") for n, x in
+                                (("causal", causal), ("masked", masked), ("backward", backward)))
     start, skipped, reason = time.perf_counter(), [], None
     try:
         device = torch.device(device)
@@ -263,6 +263,27 @@ def check(kernels, device, dtype, d=64, dv=None, *, causal=False, masked=False, 
     except Exception as exc:  # noqa: BLE001 - the baselines failing is a verdict too, not a crash of the caller
         reason = _describe(exc)
     return Verdict(reason is None, reason or "", time.perf_counter() - start, tuple(skipped))
+
+
+def _check_args(kernels, dtype, d, dv, shapes):
+    """check()'s arguments validated (TypeError / ValueError naming the argument), defaults filled in."""
+    kernels = kernels if isinstance(kernels, dict) else {"kernel": kernels}
+    if not kernels or not all(isinstance(k, str) and callable(f) for k, f in kernels.items()):
+        raise TypeError(f"check: `kernels` must be a function fn(q, k, v, mask, causal, scale) or a non-empty "
+                        f"dict {{label: fn}}, got {kernels!r:.200}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"check: `dtype` must be a floating torch.dtype, got {dtype!r}")
+    d = check_int("d", d, fn="check")
+    dv = d if dv is None else check_int("dv", dv, fn="check")
+    shapes = CHECK_SHAPES if shapes is None else shapes
+    def shape_ok(s):
+        return isinstance(s, tuple) and len(s) == 4 and all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in s)
+
+    if not isinstance(shapes, dict) or not shapes or not all(map(shape_ok, shapes.values())):
+        raise TypeError(f"check: `shapes` must be a non-empty dict {{name: (B, H, Tq, Tk)}} of ints >= 1, "
+                        f"got {shapes!r:.200}")
+    return kernels, dtype, d, dv, shapes
 
 
 def _check_one(fn, cases, dtype, device):

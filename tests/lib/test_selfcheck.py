@@ -74,6 +74,7 @@ def test_the_report_uses_only_public_names_of_dispatch():
     (dict(d="8"), TypeError, "selfcheck: `d` must be an int >= 1, got '8'"),
     (dict(d=True), TypeError, "selfcheck: `d` must be an int >= 1, got a bool"),
     (dict(d=8.0), TypeError, "selfcheck: `d` must be an int >= 1"),
+    (dict(d=10**6), ValueError, "selfcheck: `d` must be a head dim of at most 1024, got 1000000"),
     (dict(dtypes=[torch.int64]), ValueError, "selfcheck: `dtypes` must hold names or torch dtypes among"),
     (dict(dtypes=["float8"]), ValueError, "selfcheck: `dtypes` must be one of"),
     (dict(dtypes="float32"), TypeError, "selfcheck: `dtypes` must be a non-empty list or tuple"),

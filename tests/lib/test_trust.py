@@ -11,7 +11,8 @@ check as it was before (at a power-of-two head dim and 70 x 53 inputs). The real
 checked at every tile configuration the autotuner can pick, under Triton's interpreter
 (``TRITON_INTERPRET=1``, set for the import as in tests/lib/test_triton_flash.py).
 """
-import math
+import functools
+import re
 import warnings
 
 import pytest
@@ -25,8 +26,9 @@ from attnbook.testing import import_triton_flash
 tf = import_triton_flash()  # TRITON_INTERPRET set for this import only, as in test_triton_flash.py
 
 INTERPRETER = tf.triton is not None and tf._INTERPRETED and not torch.cuda.is_available()
-needs_interpreter = pytest.mark.skipif(not INTERPRETER, reason="needs triton imported under TRITON_INTERPRET=1 "
-                                       "(run this file on its own or with TRITON_INTERPRET=1) on a machine without CUDA")
+needs_interpreter = pytest.mark.skipif(not INTERPRETER, reason=(
+    "needs triton imported under TRITON_INTERPRET=1 (run this file on its own or with TRITON_INTERPRET=1) "
+    "on a machine without CUDA"))
 OLD_SHAPE = {"the old check's inputs": (2, 2, 70, 53)}  # CHECK_SHAPE before this change
 
 
@@ -294,13 +296,19 @@ BROKEN = {  # name: (kernel, dtype, D, causal, masked, backward, the old check p
 }
 
 
+@functools.lru_cache
+def exact_passes(dtype, d, causal, masked, backward):
+    """The control of a broken kernel: the exact kernel passes the same check (cached per kind)."""
+    return trust.check(exact, "cpu", dtype, d, causal=causal, masked=masked, backward=backward).ok
+
+
 @pytest.mark.parametrize("name", BROKEN)
 def test_a_broken_kernel_is_rejected(name):
     kernel, dtype, d, causal, masked, backward, passed_before = BROKEN[name]
     kind = dict(causal=causal, masked=masked, backward=backward)
     verdict = trust.check({name: kernel}, "cpu", dtype, d, **kind)
     assert not verdict.ok and "disagree with attention_ref" in verdict.reason, verdict
-    assert trust.check(exact, "cpu", dtype, d, **kind).ok  # control: the exact kernel passes the same check
+    assert exact_passes(dtype, d, **kind)  # control: the exact kernel passes the same check
     if passed_before:  # the check as it was: 70 x 53 inputs at the power-of-two bucket of D
         assert trust.check(kernel, "cpu", dtype, tf.head_dim_bucket(d), shapes=OLD_SHAPE, **kind).ok
 
@@ -424,3 +432,18 @@ def test_gpu_the_real_kernel_passes_the_check_auto_runs(dtype):
         verdict = trust.check(dispatch._under_check(dtype), "cuda", dtype, d, dv, causal=causal, masked=masked,
                               backward=True)
         assert verdict.ok, verdict.reason
+
+
+@pytest.mark.parametrize("kwargs, exc, message", [
+    (dict(kernels=None), TypeError, "check: `kernels` must be a function"),
+    (dict(kernels={}), TypeError, "check: `kernels` must be a function"),
+    (dict(dtype=torch.int64), TypeError, "check: `dtype` must be a floating torch.dtype"),
+    (dict(d=0), ValueError, "check: `d` must be an int >= 1, got 0"),
+    (dict(dv="8"), TypeError, "check: `dv` must be an int >= 1"),
+    (dict(causal=1), TypeError, "check: `causal` must be a bool"),
+    (dict(shapes={"x": (1, 1, 0, 4)}), TypeError, "check: `shapes` must be a non-empty dict"),
+])
+def test_check_arguments_get_clear_errors(kwargs, exc, message):
+    args = dict(kernels=exact, device="cpu", dtype=torch.float32, d=8)
+    with pytest.raises(exc, match=re.escape(message)):
+        trust.check(**{**args, **kwargs})
