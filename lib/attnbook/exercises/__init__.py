@@ -14,7 +14,9 @@ against the library's reference, in float64 where the maths is exact and by the 
 tolerance rule (``attnbook.testing``) for float32/float16 results. It returns True after a
 one-line ✓, or False after explaining the first failing case in plain Chinese: the inputs,
 the position, expected vs got, and a hint that names the mistake's symptom. It never raises
-on a wrong answer; an exception inside ``fn`` is reported. ``get(name)`` gives the
+on a wrong answer; an exception inside ``fn`` is reported. Right values are not enough: the
+result keeps its inputs' dtype (float16 in, float16 out) and ``fn`` leaves its arguments as it
+found them (no ``masked_fill_`` on the caller's scores, no ``q /= ...``). ``get(name)`` gives the
 :class:`Exercise` with ``.solution`` (the reference, with the reader's signature) and ``.bugs``
 (name -> function: the gallery of classic bugs, each of which ``check`` must reject);
 ``list()`` names every exercise. No extra install: only torch and the library.
