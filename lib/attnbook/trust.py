@@ -24,7 +24,9 @@ larger of ``attention_ref``'s and ``attention_tiled``'s), plus FlashAttention's 
 (:func:`attnbook.testing.fa_rounding_margin`). A kernel that
 fails to compile, raises or disagrees is not trusted: ``auto`` uses ``"tiled"`` for that kind
 from then on, and one ``RuntimeWarning`` says why. On a GPU a check costs the compilation of
-each configuration (which the autotuner would compile anyway) and milliseconds per run.
+each configuration for each shape (Triton compiles lengths of 1, multiples of 16 and the rest
+apart; the autotuner compiles the same configurations for the caller's lengths anyway, and
+Triton caches compiled kernels on disk), then milliseconds per run.
 
 This module imports neither ``attnbook.dispatch`` (which consults it) nor triton: the kernels
 under check are passed in, as functions ``fn(q, k, v, mask, causal, scale) -> out``.
