@@ -324,6 +324,15 @@ def _check_mask_from_torch(attn_mask, key_padding_mask, n_heads) -> None:
         if key_padding_mask.ndim > 2:
             raise ValueError(f"{fn}: `key_padding_mask` must be (B, Tk) or (Tk,), "
                              f"got {describe(key_padding_mask)}")
+    if attn_mask is not None and key_padding_mask is not None:
+        kpm = key_padding_mask
+        a = attn_mask.shape if attn_mask.ndim == 2 else (attn_mask.shape[0] // n_heads, 1, *attn_mask.shape[1:])
+        k = (kpm.shape[0], 1, 1, kpm.shape[1]) if kpm.ndim == 2 else tuple(kpm.shape)
+        try:
+            torch.broadcast_shapes(a, k)
+        except RuntimeError:
+            raise ValueError(f"{fn}: `attn_mask` {tuple(attn_mask.shape)} and `key_padding_mask` "
+                             f"{tuple(kpm.shape)} disagree on B or Tk") from None
 
 
 def _check_mask(mask, target, fn, hint="a key-padding mask is (B, 1, 1, Tk), see attnbook.padding_mask"):

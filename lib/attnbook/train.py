@@ -262,7 +262,7 @@ def label_smoothed_cross_entropy(logits: torch.Tensor, target: torch.Tensor, *,
     Args: logits ``(..., V)``; target ``logits.shape[:-1]`` long; smoothing eps in [0, 1]; pad_id.
     Returns a scalar tensor.
     """
-    eps = _check_loss("label_smoothed_cross_entropy", logits, target, pad_id, smoothing=smoothing)
+    eps = _check_smoothed(logits, target, smoothing, pad_id)
     logp = F.log_softmax(logits, dim=-1)                           # (..., V)
     real = target != pad_id
     y = target.masked_fill(~real, 0)                               # any id < V where PAD sits
@@ -390,9 +390,9 @@ def evaluate(pred, target, *, pad_id: int | None = PAD_ID, bos_id: int | None = 
 # Argument checks (kept out of the functions the book shows)
 # ---------------------------------------------------------------------------------------------
 
-def _check_loss(fn, logits, target, pad_id, *, min_ndim=2, smoothing=None):
+def _check_loss(fn, logits, target, pad_id, *, min_ndim=2) -> None:
     """logits ``(..., V)`` floating; target ``logits.shape[:-1]`` long with ids in [0, V) except
-    ``pad_id`` (any int >= 0); returns ``smoothing`` checked to lie in [0, 1] (or None)."""
+    ``pad_id`` (any int >= 0)."""
     check_tensor("logits", logits, fn=fn, min_ndim=min_ndim)
     check_tensor("target", target, fn=fn, min_ndim=min_ndim - 1, floating=False)
     if target.dtype != torch.long:
@@ -406,6 +406,10 @@ def _check_loss(fn, logits, target, pad_id, *, min_ndim=2, smoothing=None):
     if real.numel() and (int(real.min()) < 0 or int(real.max()) >= vocab):
         raise ValueError(f"{fn}: `target` ids other than pad_id={pad_id} must lie in [0, {vocab}) "
                          f"(V = logits.shape[-1]), got min {int(real.min())}, max {int(real.max())}")
-    if smoothing is not None:
-        return check_float("smoothing", smoothing, fn=fn, minimum=0.0, maximum=1.0)
-    return None
+
+
+def _check_smoothed(logits, target, smoothing, pad_id) -> float:
+    """The arguments of ``label_smoothed_cross_entropy``; returns ``smoothing`` (in [0, 1])."""
+    fn = "label_smoothed_cross_entropy"
+    _check_loss(fn, logits, target, pad_id)
+    return check_float("smoothing", smoothing, fn=fn, minimum=0.0, maximum=1.0)

@@ -141,6 +141,8 @@ def test_mha_misuse(call, exc, match):
     (lambda: mask_from_torch(key_padding_mask=[[True]]), TypeError, "`key_padding_mask` must be a torch.Tensor"),
     (lambda: mask_from_torch(torch.ones(2, 2, dtype=torch.long)), TypeError, "`attn_mask` must be bool or floating"),
     (lambda: mask_from_torch(torch.ones(6, 2, 2, dtype=torch.bool), n_heads=4), ValueError, "B \\* n_heads"),
+    (lambda: mask_from_torch(torch.zeros(2, 3, 4, dtype=torch.bool), torch.zeros(2, 3, dtype=torch.bool), n_heads=2),
+     ValueError, "disagree on B or Tk"),
 ])
 def test_multihead_functions_misuse(call, exc, match):
     with pytest.raises(exc, match=match):
@@ -437,6 +439,7 @@ def test_losses_gradients_equal_torch_with_pad_outside_vocab():
     (lambda: token_cross_entropy(rand(2, 3, 4), torch.tensor([[1, 2, 4], [0, 0, 0]])), ValueError, r"\[0, 4\)"),
     (lambda: label_smoothed_cross_entropy(rand(2, 4), torch.tensor([1, 2]), smoothing=-0.1), ValueError, "`smoothing`"),
     (lambda: label_smoothed_cross_entropy(rand(2, 4), torch.tensor([1, 2]), smoothing="0.1"), TypeError, "`smoothing`"),
+    (lambda: label_smoothed_cross_entropy(rand(2, 4), torch.tensor([1, 2]), smoothing=None), TypeError, "`smoothing`"),
     (lambda: label_smoothed_cross_entropy(rand(2, 4), torch.tensor([1.0, 2.0]), smoothing=0.1), TypeError, "`target`"),
     (lambda: token_cross_entropy(rand(2, 3, 4), torch.zeros(2, 3, dtype=torch.long), pad_id=True), TypeError, "`pad_id`"),
     (lambda: vaswani_lr(5, d_model=0), ValueError, "`d_model`"),
