@@ -32,6 +32,7 @@ __all__ = [
     "check_int",
     "check_query_key",
     "check_scale",
+    "check_src_mask",
     "check_tensor",
     "check_tokens",
     "describe",
@@ -155,6 +156,23 @@ def check_tokens(name: str, t, vocab_size: int, *, fn: str, ndim: int = 2, allow
     if t.numel() and (bool((t < 0).any()) or bool((t >= vocab_size).any())):
         raise ValueError(f"{fn}: `{name}` must hold ids in [0, {vocab_size}), "
                          f"got min {int(t.min())}, max {int(t.max())}")
+
+
+def check_src_mask(src: torch.Tensor, src_mask, *, fn: str) -> None:
+    """A right-padded source mask: bool, ``src``'s shape ``(B, S)``, True for the first lengths[b] >= 1 tokens."""
+    check_tensor("src_mask", src_mask, fn=fn, min_ndim=2, floating=False)
+    if src_mask.dtype != torch.bool:
+        raise TypeError(f"{fn}: `src_mask` must be a bool tensor (True = real token), "
+                        f"got dtype {src_mask.dtype}")
+    if src_mask.shape != src.shape:
+        raise ValueError(f"{fn}: `src_mask` must have src's shape {tuple(src.shape)}, "
+                         f"got {tuple(src_mask.shape)}")
+    if not src_mask[:, 0].all():
+        raise ValueError(f"{fn}: every source sentence needs at least one real token "
+                         f"(`src_mask[:, 0]` must be True)")
+    if (src_mask[:, 1:] & ~src_mask[:, :-1]).any():
+        raise ValueError(f"{fn}: `src_mask` must be right-padded: True for the first lengths[b] "
+                         f"positions, then False")
 
 
 def check_bool_mask(name: str, mask, *, fn: str, square: bool = False) -> None:

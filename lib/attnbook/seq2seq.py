@@ -41,7 +41,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from ._checks import check_bool, check_choice, check_float, check_int, check_tensor, check_tokens, describe
+from ._checks import (check_bool, check_choice, check_float, check_int, check_src_mask, check_tensor,
+                      check_tokens, describe)
 from .reference import additive_scores, dot_scores, general_scores, masked_softmax, scaled_dot_scores
 
 __all__ = [
@@ -96,22 +97,6 @@ def _check_pad_id(fn: str, pad_id, vocab_size: int) -> int:
     if pad_id >= vocab_size:
         raise ValueError(f"{fn}: `pad_id` must be a token id of the vocabulary (< {vocab_size}), got {pad_id}")
     return pad_id
-
-
-def _check_src_mask(src: torch.Tensor, src_mask, *, fn: str) -> None:
-    check_tensor("src_mask", src_mask, fn=fn, min_ndim=2, floating=False)
-    if src_mask.dtype != torch.bool:
-        raise TypeError(f"{fn}: `src_mask` must be a bool tensor (True = real token), "
-                        f"got dtype {src_mask.dtype}")
-    if src_mask.shape != src.shape:
-        raise ValueError(f"{fn}: `src_mask` must have src's shape {tuple(src.shape)}, "
-                         f"got {tuple(src_mask.shape)}")
-    if not src_mask[:, 0].all():
-        raise ValueError(f"{fn}: every source sentence needs at least one real token "
-                         f"(`src_mask[:, 0]` must be True)")
-    if (src_mask[:, 1:] & ~src_mask[:, :-1]).any():
-        raise ValueError(f"{fn}: `src_mask` must be right-padded: True for the first lengths[b] "
-                         f"positions, then False")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -198,7 +183,7 @@ class GRUEncoder(nn.Module):
     def forward(self, src: torch.Tensor, src_mask: torch.Tensor) -> EncoderOutput:
         """src ``(B, S)`` long, src_mask ``(B, S)`` bool (right-padded) -> ``EncoderOutput``."""
         check_tokens("src", src, self.vocab_size, fn="GRUEncoder")
-        _check_src_mask(src, src_mask, fn="GRUEncoder")
+        check_src_mask(src, src_mask, fn="GRUEncoder")
         lengths = src_mask.sum(1).cpu()
         packed = pack_padded_sequence(self.embed(src), lengths, batch_first=True,
                                       enforce_sorted=False)
@@ -453,10 +438,8 @@ class AttentionSeq2Seq(_Seq2SeqBase):
         2. ``alpha = masked_softmax(e / temperature)`` (exactly 0 on PAD, > 0 elsewhere), computed
            as ``softmax((e - max e) / T)``, the same by shift invariance: the best key's logit is then
            exactly 0 for every T, so T -> 0 gives hard attention (uniform over tied best keys) and not
-           inf - inf = NaN. A T below the smallest normal number of the model's dtype
-           (``torch.finfo(dtype).tiny``) is used as that number, where ``(e - max e) / T`` already
-           underflows every other key's weight to 0 (unless its score is within ~100 tiny of the
-           best), so that ``0 / T`` never becomes ``0 / 0``;
+           inf - inf = NaN. A T below ``torch.finfo(dtype).tiny`` acts as that number (``0 / T`` is
+           never ``0 / 0``); every key not within ~100 tiny of the best score then gets weight 0;
         3. ``c = alpha H`` (weighted sum of the encoder states).
         Returns ``(contexts (B, Tq, D_k), weights (B, Tq, S))``.
         """
