@@ -428,6 +428,18 @@ def test_bad_arguments_raise_the_library_wide_errors():
             tf.attention_triton(q.bfloat16(), q.bfloat16(), q.bfloat16())
 
 
+@needs_kernel
+def test_fixed_tiles_are_validated_and_every_form_gives_the_same_result():
+    q, k, v = rand(1, 2, 40, 16, seed=1), rand(1, 2, 23, 16, seed=2), rand(1, 2, 23, 16, seed=3)
+    pair = tf.attention_triton(q, k, v, causal=True, blocks=(16, 32))
+    config = dict(tf.tile_configs(torch.float16)[0], fwd=(16, 32, 4, 2))  # one tile config per kernel
+    assert torch.equal(tf.attention_triton(q, k, v, causal=True, blocks=config).out, pair.out)
+    for bad in ((16, 24), (8, 16), [16, 16], (16, True), {"fwd": (16, 16, 4, 2)}, "auto",
+                dict(config, dq=(16, 16, 0, 1))):
+        with pytest.raises(ValueError, match=r"attention_triton: `blocks` must be None, \(BLOCK_Q, BLOCK_K\)"):
+            tf.attention_triton(q, k, v, blocks=bad)
+
+
 def test_module_imports_and_reports_without_triton(monkeypatch):
     monkeypatch.setitem(sys.modules, "triton", None)  # makes `import triton` raise ImportError
     spec = importlib.util.spec_from_file_location("attnbook._triton_flash_without_triton", tf.__file__)
