@@ -20,6 +20,7 @@ Arguments are validated once per call, here; backends receive validated argument
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -148,11 +149,11 @@ def _under_check(dtype) -> dict:
         return {"the registered 'triton' kernel": fn}
     from .triton_flash import tile_configs
 
-    configs = tile_configs(dtype)
-    return {f"tile config {i + 1} of {len(configs)} (" + ", ".join(
-        f"{name} {bq}x{bk}/{w} warps/{s} stages" for name, (bq, bk, w, s) in config.items()) + ")":
-        lambda q, k, v, mask, causal, scale, config=config: _triton(q, k, v, mask, causal, scale, config)
-        for i, config in enumerate(configs)}
+    configs, kernels = tile_configs(dtype), {}
+    for i, config in enumerate(configs):
+        tiles = ", ".join(f"{name} {bq}x{bk}/{w} warps/{s} stages" for name, (bq, bk, w, s) in config.items())
+        kernels[f"tile config {i + 1} of {len(configs)} ({tiles})"] = functools.partial(_triton, blocks=config)
+    return kernels
 
 
 def choose_backend(q, k, v, mask=None, *, causal=None) -> str:
