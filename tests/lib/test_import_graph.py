@@ -90,9 +90,6 @@ def test_no_import_circle():
     assert _cycle(graph) is None
 
 
-@pytest.mark.xfail(strict=True, reason="experiments.core imports the chapter modules lazily to register their "
-                   "claims, and they import experiments.core.register: a registration circle inside the "
-                   "subpackage (for its owner to break, e.g. a registry module both import)")
 def test_no_import_circle_in_the_experiments_subpackage():
     assert _cycle(import_graph()) is None
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from ..reference import attention_ref
 from ..train import fit
-from .core import register
+from .registry import register
 
 __all__ = ["var_se", "var_dk_table", "var_dk_metrics", "var_general_cases", "var_general_metrics",
            "mha_init_metrics", "softmax_jacobian_norm", "dp_dq_norm", "saturation_table",

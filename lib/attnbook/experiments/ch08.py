@@ -27,7 +27,7 @@ def _encoder_layer():
         from ..layers import EncoderLayer
     return EncoderLayer
 from ..train import fit
-from .core import register
+from .registry import register
 
 __all__ = ["Stack", "gradient_profile", "profile_group", "profile_metrics", "post_ln_path",
            "post_ln_path_metrics", "run_profiles", "run_post_ln_path", "run_warmup",
