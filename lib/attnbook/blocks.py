@@ -254,6 +254,9 @@ def _check_decoder_forward(x, memory, cache) -> None:
     fn = "DecoderLayer.forward"
     check_tensor("x", x, fn=fn)
     check_tensor("memory", memory, fn=fn)       # None would make the cross-attention read x itself
+    if x.ndim != 3 or memory.ndim != 3 or memory.shape[0] not in (1, x.shape[0]):
+        raise ValueError(f"{fn}: `x` must be (B, T, d_model) and `memory` (B or 1, S, d_model), got "
+                         f"x {tuple(x.shape)}, memory {tuple(memory.shape)}")
     ok = cache is None or (isinstance(cache, (tuple, list)) and len(cache) == 2
                            and all(isinstance(c, KVCache) for c in cache))
     if not ok:

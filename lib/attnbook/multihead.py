@@ -361,7 +361,7 @@ def _check_inputs(m: MultiHeadAttention, query, key, value, head_mask, fn) -> No
             raise TypeError(f"{fn}: `{name}` must have the module's dtype and device "
                             f"({weight.dtype}, {weight.device}), got {describe(t)}")
     if not (query.shape[0] == key.shape[0] == value.shape[0]) or key.shape[1] != value.shape[1]:
-        raise ValueError(f"{fn}: query, key, value must share B, and key, value must share Tk; got "
+        raise ValueError(f"{fn}: `query`, `key`, `value` must share B, and `key`, `value` must share Tk; got "
                          f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}")
     if head_mask is not None:
         _check_mask_tensor("head_mask", head_mask, fn)

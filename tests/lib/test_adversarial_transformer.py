@@ -307,7 +307,8 @@ def test_layers_with_empty_sizes_equal_torch():
 @pytest.mark.parametrize("call, exc, match", [
     (lambda: DecoderLayer(8, 2, 16)(rand(2, 1, 8).float(), rand(2, 3, 8).float(), cache=KVCache()),
      TypeError, r"DecoderLayer.forward: `cache` must be None or a \(self_cache, cross_cache\)"),
-    (lambda: DecoderLayer(8, 2, 16)(rand(2, 1, 8).float(), rand(3, 3, 8).float()), ValueError, "share B"),
+    (lambda: DecoderLayer(8, 2, 16)(rand(2, 1, 8).float(), rand(3, 3, 8).float()), ValueError,
+     r"DecoderLayer.forward: `x` must be \(B, T, d_model\) and `memory` \(B or 1, S, d_model\)"),
     (lambda: EncoderLayer(8, 2, 16)(rand(2, 3, 8)), TypeError, "dtype"),
     (lambda: EncoderLayer(6, 2, 16, rope=True), ValueError, "d_k"),
     (lambda: DecoderLayer(8, 2, 16, norm_first=0), TypeError, "`norm_first`"),

@@ -21,6 +21,11 @@ from attnbook.multihead import MultiHeadAttention
 from attnbook.transformer import POSITIONS, Transformer
 from attnbook.testing import F64_TOL, import_triton_flash
 
+# Imported while the file is collected, before any test runs: a test that trains first (fit's
+# optimizer imports torch's compiler stack, and with it triton) would leave triton imported
+# without the interpreter, and the triton test below would fail for a reason that is not its own.
+_TRITON_FLASH = None if torch.cuda.is_available() else import_triton_flash()
+
 f64 = torch.float64
 SRC_V, TGT_V, D, H, L, DFF = 11, 13, 16, 4, 2, 32
 BOS, EOS = 1, 2
@@ -215,7 +220,7 @@ def test_backends_agree(positions, norm_first):
 def test_triton_backend_under_the_interpreter(monkeypatch):
     if torch.cuda.is_available():
         pytest.skip("CUDA present: the triton backend is tested on the GPU")
-    tf = import_triton_flash()   # TRITON_INTERPRET for the import only (conftest)
+    tf = _TRITON_FLASH           # imported at collection with TRITON_INTERPRET (attnbook.testing)
     if tf.triton is None or not tf._INTERPRETED:
         pytest.skip("triton missing, or attnbook.triton_flash imported earlier without TRITON_INTERPRET=1")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
