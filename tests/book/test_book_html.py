@@ -592,20 +592,21 @@ MIN_CODE_FONT_PX = 13            # code may be a little smaller than the prose, 
 def _measure_code(book_url, widths=DESKTOPS) -> dict[int, dict[str, list[dict]]]:
     """{viewport width: {page: [block, ...]}} for every chapter and appendix page."""
     sync_api = _need_browser()
-    found: dict[int, dict[str, list[dict]]] = {}
+    found: dict[int, dict[str, list[dict]]] = {width: {} for width in widths}
     with sync_api.sync_playwright() as p:
         browser = _chromium(sync_api, p)
         try:
-            for width in widths:
-                page = browser.new_page(viewport={"width": width, "height": 900})
-                _offline(page)
-                found[width] = {}
-                for path in _content_pages():
-                    rel = path.relative_to(HTML).as_posix()
-                    page.goto(book_url + rel, wait_until="load")
-                    page.evaluate(PROBE)                        # waits for MathJax (layout settles)
+            page = browser.new_page(viewport={"width": widths[0], "height": 900})
+            _offline(page)
+            for path in _content_pages():
+                rel = path.relative_to(HTML).as_posix()
+                page.set_viewport_size({"width": widths[0], "height": 900})
+                page.goto(book_url + rel, wait_until="load")
+                page.evaluate(PROBE)                            # waits for MathJax (layout settles)
+                for width in widths:                            # one load, measured at each width
+                    page.set_viewport_size({"width": width, "height": 900})
+                    page.wait_for_timeout(100)
                     found[width][rel] = page.evaluate(CODE_WIDTH_PROBE)
-                page.close()
         finally:
             browser.close()
     return found
