@@ -24,7 +24,6 @@ import importlib.metadata
 import platform
 import re
 import subprocess
-from pathlib import Path
 
 from docutils import nodes
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from pathlib import Path
 
 import nbformat
 import pytest

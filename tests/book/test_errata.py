@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import importlib
-from pathlib import Path
 
 import pytest
 import yaml

@@ -7,12 +7,10 @@ show_source in a remove-input cell, an explore() widget, a 练习 section).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -24,17 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "chapters").glob("*.ipynb"))
 
 
-def _load_tool(name: str):
-    """Import tools/<name>.py (tools/ is a folder of scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(f"attnbook_tools_{name}", ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-colab = _load_tool("colab")
-book_assets = _load_tool("book_assets")
+from tools import book_assets, colab  # noqa: E402  (pyproject's pythonpath has the root)
 
 
 def _toc_files(node) -> list[str]:

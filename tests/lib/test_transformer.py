@@ -9,7 +9,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from attnbook import causal_mask, mask_to_additive
