@@ -128,6 +128,7 @@ def linear_attention_quadratic(q, k, v, *, mask=None, causal=False, feature_map=
         allowed = allowed & mask  # (..., Tq, Tk)
     scores = (phi_q @ phi_k.transpose(-2, -1)).masked_fill(~allowed, 0.0)  # A_ij = phi(q_i)^T phi(k_j)
     weights = _normalize(fn, scores, scores.sum(-1), allowed.any(-1), eps)  # (..., Tq, Tk)  A_ij / sum_j A_ij
+    v = v.masked_fill(~allowed.any(-2).unsqueeze(-1), 0.0)  # a key no query sees: its NaN/inf stay out
     return weights @ v, weights  # (..., Tq, Dv)
 
 
@@ -152,8 +153,8 @@ def linear_attention(q, k, v, *, mask=None, causal=False, feature_map=elu_featur
     """
     fn = "linear_attention"
     phi_q, phi_k, keep = _prepare(fn, q, k, v, mask, causal, feature_map, eps, padding_only=True)
-    if keep is not None:
-        phi_k = phi_k * keep.unsqueeze(-1)  # a padded key contributes nothing to S or z
+    if keep is not None:  # a padded key contributes nothing to S or z (masked_fill: NaN/inf there too)
+        phi_k, v = phi_k.masked_fill(~keep.unsqueeze(-1), 0.0), v.masked_fill(~keep.unsqueeze(-1), 0.0)
     has_key = None
     if not causal:
         s = phi_k.transpose(-2, -1) @ v  # (..., F, Dv)  S = phi(K)^T V
@@ -188,8 +189,8 @@ def linear_attention_recurrent(q, k, v, *, mask=None, causal=False, feature_map=
     s = phi_q.new_zeros(*phi_q.shape[:-2], phi_q.shape[-1], v.shape[-1])  # (..., F, Dv)  state S
     z = phi_q.new_zeros(*phi_q.shape[:-2], phi_q.shape[-1])  # (..., F)  normaliser z
     seen = torch.zeros(phi_q.shape[:-2], dtype=torch.bool, device=q.device)  # any real key added yet
-    if keep is not None:
-        phi_k = phi_k * keep.unsqueeze(-1)  # a padded key contributes nothing to S or z
+    if keep is not None:  # a padded key contributes nothing to S or z (masked_fill: NaN/inf there too)
+        phi_k, v = phi_k.masked_fill(~keep.unsqueeze(-1), 0.0), v.masked_fill(~keep.unsqueeze(-1), 0.0)
     nums, dens, has_key, j = [], [], [], 0
     for i in range(tq):
         while j < (min(i + 1, tk) if causal else tk):

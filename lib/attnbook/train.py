@@ -402,6 +402,9 @@ def _check_loss(fn, logits, target, pad_id, *, min_ndim=2) -> None:
                          f"`logits` without its last dim {tuple(logits.shape[:-1])}, got {tuple(target.shape)}")
     pad_id = check_int("pad_id", pad_id, fn=fn, minimum=0)
     vocab = logits.shape[-1]
+    if vocab == 0:
+        raise ValueError(f"{fn}: `logits` must have a vocabulary dim V = logits.shape[-1] >= 1, "
+                         f"got {describe(logits)}")
     real = target[target != pad_id]
     if real.numel() and (int(real.min()) < 0 or int(real.max()) >= vocab):
         raise ValueError(f"{fn}: `target` ids other than pad_id={pad_id} must lie in [0, {vocab}) "

@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from .._checks import check_int
 from ..testing import F64_TOL, max_abs_error, rounding_step
 from . import _report
 
@@ -40,7 +41,7 @@ class Case:
 class Failure:
     """What went wrong in one case, handed to the hint functions."""
 
-    kind: str          # "exception", "type", "dtype", "wrong_dtype", "shape", "nan", "inf",
+    kind: str          # "exception", "type", "dtype", "device", "wrong_dtype", "shape", "nan", "inf",
                        # "value", "mutated"
     case: Case
     inputs: dict       # argument name -> value, floating tensors in float64
@@ -206,6 +207,8 @@ def _compare(ex: Exercise, case: Case, label: str, got, expected, inputs) -> Fai
     if not (got.is_floating_point() and got.dtype in (torch.float16, torch.bfloat16,
                                                       torch.float32, torch.float64)):
         return Failure("dtype", **fail)
+    if got.device.type == "meta":  # no values to compare
+        return Failure("device", **fail)
     got = got.detach().cpu()
     fail["got"] = got
     if tuple(got.shape) != tuple(expected.shape):
@@ -279,6 +282,11 @@ def _is_stub(ex: Exercise, fn, ret, outputs, case) -> bool:
     return ex.is_stub(ret, outputs, case)
 
 
+def _check_seed(seed) -> None:
+    if check_int("seed", seed, fn="check", minimum=0) >= 2**32:
+        raise ValueError(f"check: `seed` must be an int in [0, 2**32), got {seed}")
+
+
 def check(name: str, fn: Callable, *, seed: int = 0) -> bool:
     """Run exercise ``name``'s hidden cases on the reader's ``fn``; print the verdict in Chinese.
 
@@ -297,12 +305,14 @@ def check(name: str, fn: Callable, *, seed: int = 0) -> bool:
         fn: the reader's function, with the signature of ``get(name).solution``.
         seed: which draw of the randomized cases (the same seed gives the same cases).
     Raises:
-        ValueError for an unknown ``name``; TypeError when ``fn`` is not callable.
+        ValueError for an unknown ``name`` or a ``seed`` outside [0, 2**32); TypeError when ``fn``
+        is not callable or ``seed`` is not an int.
     """
     ex = get(name)
     if not callable(fn):
         raise TypeError(f"check: `fn` must be a function (pass the function itself, not its "
                         f"result), got {type(fn).__name__}")
+    _check_seed(seed)
     cases = ex.cases(seed)
     for i, case in enumerate(cases):
         inputs = named_inputs(ex, case)

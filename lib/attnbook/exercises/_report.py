@@ -191,6 +191,8 @@ def _problem(f) -> list:
     if f.kind == "dtype":
         return [f"{what}应是浮点张量（float32 或 float64），得到的 dtype 是 "
                 f"{str(f.got.dtype).replace('torch.', '')}。"]
+    if f.kind == "device":
+        return [f"{what}是 meta 设备上的张量（只有形状，没有数值），应和输入一样放在 CPU 上。"]
     if f.kind == "shape":
         return [f"{what}的形状应是 {_shape(f.expected)}，得到的是 {_shape(f.got)}。"]
     if f.kind == "nan":
