@@ -21,6 +21,11 @@ from attnbook.experiments import core
 ROOT = Path(__file__).resolve().parents[2]
 NUM = r"-?\d+(?:\.\d+)?"
 TRIPLE = re.compile(rf"(?<![\d.–]){NUM}–{NUM}–{NUM}(?![\d–])")
+# a min-median-max written another way (hyphens, em dashes, tildes, spaced en dashes): TRIPLE
+# would not see it, so a stale figure written like this would escape the check below
+DEC = r"\d+\.\d+"
+SEP = r"(?:\s*[-—~～]\s*|\s+–\s*|\s*–\s+)"
+LOOKALIKE = re.compile(rf"{DEC}{SEP}{DEC}{SEP}{DEC}")
 
 
 def chapter_path(chapter):
@@ -45,6 +50,18 @@ CHAPTERS = sorted({experiments.get(n).chapter for n in experiments.names()})
 def test_the_triple_pattern_finds_figures_and_nothing_else():
     text = "比值 2.59–2.76–2.91，差值 -0.17–-0.08–0.13；区间 10%–26%、0.5–1.5、种子 0–39 不算"
     assert TRIPLE.findall(text) == ["2.59–2.76–2.91", "-0.17–-0.08–0.13"]
+
+
+def test_the_lookalike_pattern_finds_other_dashes_only():
+    text = "0.52-0.91-1.03，0.52 – 0.91 – 1.03，0.52—0.91—1.03，0.52~0.91~1.03；正确的 0.52–0.91–1.03，日期 2021-03-04"
+    assert len(LOOKALIKE.findall(text)) == 4 and TRIPLE.findall(text) == ["0.52–0.91–1.03"]
+
+
+@pytest.mark.parametrize("chapter", sorted({experiments.get(n).chapter for n in experiments.names()}))
+def test_chapter_writes_every_range_with_en_dashes(chapter):
+    path = chapter_path(chapter)
+    odd = LOOKALIKE.findall(markdown(path))
+    assert not odd, f"{path.name}: write min–median–max with en dashes and no spaces (so the sync check sees it): {odd}"
 
 
 def test_committed_files_agree_and_every_claim_holds():

@@ -196,17 +196,34 @@ def test_warmup_claim_holds_and_is_deterministic():
     assert abs(m["post_loss"] - np.log(10)) < 0.2 and m["post_low_lr_loss"] < 1.5
 
 
+def _constant_gap(m, growth=1.0):
+    """The metrics of a gap Post/Pre that does not grow with L (or grows by ``growth``)."""
+    g12 = m["post_pre_6"] * growth
+    return dict(post_pre_12=g12, gap_growth=growth, post_pre_sqrt_12=g12 / np.sqrt(12))
+
+
 @pytest.mark.parametrize("name, wrong", [
-    ("ch08.last_layer_gap", dict(post_pre_12=2.2)),                 # the gap no longer grows with L
+    ("ch08.last_layer_gap", _constant_gap),                         # the gap no longer grows with L
+    ("ch08.last_layer_gap", lambda m: _constant_gap(m, 1.03)),      # ... or hardly (noise)
     ("ch08.layer_profile", dict(post_last_first_12=0.9)),           # Post-LN L = 12 falls
+    ("ch08.layer_profile", dict(post_log_slope_12=-0.01)),          # ends up, trend over layers down
+    ("ch08.layer_profile", dict(pre_log_slope_6=0.01)),             # Pre-LN L = 6 not falling
+    ("ch08.pre_last_shrinks", dict(pre_12_over_6=0.65)),            # shrinks by more than 1/sqrt(2)
+    ("ch08.pre_last_shrinks", dict(post_12_over_6=0.8)),            # Post-LN's last layer shrinks too
     ("ch08.post_ln_s", dict(net=0.01)),                             # a 100x decay
     ("ch04.mha_init", dict(score_var=1.0)),                         # the seed's "variance 1"
+    ("ch04.diagonal", dict(diag_independent_theory=0.3)),           # trace far beyond its 0.0625 std
     ("ch04.saturation", dict(G64_ratio=1.0)),                       # no larger gradient at 64
+    ("ch04.saturation", dict(dead_256=0.1)),                        # not "about a third" dead
+    ("ch04.saturation", dict(dead_1024=0.9)),                       # not "about 60 %" dead
     ("ch04.recall", dict(acc=0.3)),                                 # untrained-looking model
+    ("ch04.recall", dict(acc_untrained=0.25)),                      # untrained far above 1/16
 ])
 def test_claim_rejects_a_wrong_value(name, wrong):
     exp, m = seed_zero(name)
-    assert exp.holds(m) and not exp.holds(dict(m, **wrong))
+    change = wrong(m) if callable(wrong) else wrong
+    assert set(change) <= set(m), (name, sorted(set(change) - set(m)))
+    assert exp.holds(m) and not exp.holds(dict(m, **change))
 
 
 @pytest.mark.parametrize("fn", [ch04.run_var_general, ch04.run_mha_init, ch08.run_post_ln_path])
@@ -223,6 +240,8 @@ def test_profile_metrics_reads_the_profiles():
     assert m["post_pre_6"] == pytest.approx(6.0) and m["pre_last_first_12"] == pytest.approx(0.4)
     assert m["pre_var_slope_12"] == pytest.approx(1.0) and m["pre_var_r2_12"] == pytest.approx(1.0)
     assert m["post_12_over_6"] == pytest.approx(2.0)
+    assert m["gap_growth"] == pytest.approx(m["post_pre_12"] / m["post_pre_6"])
+    assert m["post_log_slope_12"] > 0 and m["pre_log_slope_12"] < 0 and m["post_log_slope_6"] == pytest.approx(0)
 
 
 def test_profile_group_rejects_a_bad_group():

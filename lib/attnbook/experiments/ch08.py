@@ -113,7 +113,12 @@ def profile_metrics(profiles: dict) -> dict:
         m[f"post_stream_dev_{n_layers}"] = float(np.abs(profiles[n_layers, False][1] - 1).max())
         pre_s = profiles[n_layers, True][1]
         m[f"pre_stream_min_step_{n_layers}"] = float(np.diff(pre_s).min())
+    for n_layers in (6, 12):                  # the trend over every layer, not only the two ends
+        for norm_first, tag in ((False, "post"), (True, "pre")):
+            g = np.log(profiles[n_layers, norm_first][0])
+            m[f"{tag}_log_slope_{n_layers}"] = float(np.polyfit(np.arange(n_layers), g, 1)[0])
     m["post_first_last_12"] = 1 / m["post_last_first_12"]
+    m["gap_growth"] = m["post_pre_12"] / m["post_pre_6"]
     m["pre_12_over_6"] = profiles[12, True][0][-1] / profiles[6, True][0][-1]
     m["post_12_over_6"] = profiles[12, False][0][-1] / profiles[6, False][0][-1]
     layers, var = np.arange(1, 13), profiles[12, True][1] ** 2
@@ -223,20 +228,23 @@ LN10 = math.log(10)
 
 register("ch08.last_layer_gap", chapter="08", run=run_profiles, unit=_GROUPS,
          claim="初始化时 Post-LN 最后一层 W2 的梯度比 Pre-LN 大 2 倍以上，且差距随层数增大，与 √L 同量级",
-         rule="post_pre_6 > 2 and post_pre_12 > post_pre_6 and 0.8 < post_pre_sqrt_L < 1.5 (L = 6, 12)",
-         holds=lambda m: m["post_pre_6"] > 2 and m["post_pre_12"] > m["post_pre_6"]
+         rule="post_pre_6 > 2; gap_growth = post_pre_12 / post_pre_6 > 1.1 (a constant gap fails); "
+              "0.8 < post_pre_sqrt_L < 1.5 (L = 6, 12)",
+         holds=lambda m: m["post_pre_6"] > 2 and m["gap_growth"] > 1.1
          and all(0.8 < m[f"post_pre_sqrt_{L}"] < 1.5 for L in (6, 12)),
-         quoted=("post_pre_6", "post_pre_12"))
+         quoted=("post_pre_6", "post_pre_12", "gap_growth"))
 register("ch08.pre_last_shrinks", chapter="08", run=run_profiles, unit=_GROUPS,
-         claim="Pre-LN 最后一层的梯度从 6 层到 12 层变小，Post-LN 的没有变小",
-         rule="pre_12_over_6 < 1 and post_12_over_6 > 0.95",
-         holds=lambda m: m["pre_12_over_6"] < 1 and m["post_12_over_6"] > 0.95,
+         claim="Pre-LN 最后一层的梯度从 6 层到 12 层变小，但没有 1/√2 那么多；Post-LN 的没有变小",
+         rule="1/sqrt(2) < pre_12_over_6 < 1 and post_12_over_6 > 0.95",
+         holds=lambda m: 1 / math.sqrt(2) < m["pre_12_over_6"] < 1 and m["post_12_over_6"] > 0.95,
          quoted=("pre_12_over_6", "post_12_over_6"))
 register("ch08.layer_profile", chapter="08", run=run_profiles, unit=_GROUPS,
          claim="Pre-LN 的梯度随层号下降；Post-LN 在 L = 12 时随层号上升，L = 6 时大致持平",
-         rule="pre_last_first_L < 0.6 (L = 6, 12); post_last_first_12 > 1; 0.75 < post_last_first_6 < 1.3",
+         rule="pre_last_first_L < 0.6 and pre_log_slope_L < 0 (L = 6, 12); post_last_first_12 > 1 and "
+              "post_log_slope_12 > 0 (fitted over every layer); 0.75 < post_last_first_6 < 1.3",
          holds=lambda m: max(m["pre_last_first_6"], m["pre_last_first_12"]) < 0.6
-         and m["post_last_first_12"] > 1 and 0.75 < m["post_last_first_6"] < 1.3,
+         and max(m["pre_log_slope_6"], m["pre_log_slope_12"]) < 0
+         and m["post_last_first_12"] > 1 and m["post_log_slope_12"] > 0 and 0.75 < m["post_last_first_6"] < 1.3,
          quoted=("pre_last_first_6", "pre_last_first_12", "post_last_first_6", "post_last_first_12",
                  "post_first_last_12"))
 register("ch08.stream_growth", chapter="08", run=run_profiles, unit=_GROUPS,
@@ -263,4 +271,4 @@ register("ch08.warmup", chapter="08", run=run_warmup,
          holds=lambda m: abs(m["post_loss"] - LN10) < 0.2 and m["post_acc"] < 0.2 and m["post_pmax"] < 0.2
          and m["post_warmup_loss"] < 1 and m["post_warmup_acc"] > 0.6
          and m["pre_loss"] < 1 and m["pre_acc"] > 0.6 and m["post_low_lr_loss"] < 1.5 and m["post_low_lr_acc"] > 0.6,
-         quoted=("post_loss", "post_warmup_loss", "pre_loss", "post_low_lr_loss"))
+         quoted=("post_loss", "post_warmup_loss", "pre_loss", "post_low_lr_loss", "post_pmax"))
