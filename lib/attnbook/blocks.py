@@ -33,6 +33,9 @@ def torch_layer_settings(layer, *, fn: str) -> dict:
     naming ``fn`` otherwise), ``eps``, ``bias``, ``device``, ``dtype``: what ``EncoderLayer`` and
     ``DecoderLayer`` take, so their ``from_torch`` read a PyTorch layer the same way.
     """
+    if not isinstance(layer, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)):
+        raise TypeError(f"{fn}: `layer` must be an nn.TransformerEncoderLayer or "
+                        f"nn.TransformerDecoderLayer, got {type(layer).__name__}")
     act = layer.activation
     if act is F.relu or isinstance(act, nn.ReLU):
         activation = "relu"
@@ -107,8 +110,9 @@ class EncoderLayer(nn.Module):
 
         Args:
             x: batch-first input ``(B, T, d_model)``.
-            mask: bool (True = may attend) or additive float, broadcastable to ``(B, H, T, T)``;
-                ``attnbook.padding_mask(lengths, T)`` hides padded keys.
+            mask: bool (True = may attend) or additive float, broadcastable to
+                ``(B, H, T, T)``; ``attnbook.padding_mask(lengths, T)`` hides padded
+                keys.
             causal: query i attends only keys j <= i.
         Returns:
             ``(B, T, d_model)``.
@@ -195,7 +199,8 @@ class DecoderLayer(nn.Module):
 
         Args:
             self_mask: bool (True = may attend) or additive float, broadcastable to
-                ``(B, H, T, T_total)``, e.g. the target's key padding; ``causal`` adds to it.
+                ``(B, H, T, T_total)``, e.g. the target's key padding; ``causal`` adds
+                to it.
             memory_mask: broadcastable to (B, H, T, S), e.g. ``src_pad[:, None, None, :]``.
             cache: ``(self_cache, cross_cache)`` for incremental decoding (one pair of
                 ``DecoderCache.layers``), or None.

@@ -143,8 +143,20 @@ def summarize(exp: Experiment, rows: Sequence[dict]) -> dict:
                 fmt=exp.fmt, notes=exp.notes)
 
 
+def _check_range_text(stats, fmt) -> None:
+    if not isinstance(stats, dict) or not all(k in stats for k in ("min", "median", "max")):
+        raise TypeError(f"range_text: `stats` must be a dict with 'min', 'median' and 'max' (one "
+                        f"metric of summarize's 'metrics'), got {stats!r}")
+    try:
+        format(1.0, fmt)
+    except (TypeError, ValueError):
+        raise ValueError(f"range_text: `fmt` must be a format spec for numbers such as '.2f', "
+                         f"got {fmt!r}") from None
+
+
 def range_text(stats: dict, fmt: str) -> str:
     """The figure the prose quotes: ``min–median–max`` (en dashes), e.g. ``2.56–2.71–2.91``."""
+    _check_range_text(stats, fmt)
     return "–".join(_fmt(stats[k], fmt) for k in ("min", "median", "max"))
 
 
