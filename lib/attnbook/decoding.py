@@ -158,12 +158,15 @@ def _check_common(step, bos, eos, max_len, fn):
 
 
 def greedy_decode(step: Step, *, bos: int, eos: int, max_len: int) -> Hypothesis:
-    """Greedy decoding: y_t = argmax_v P(v | y_<t, x) until EOS (EOS forced at step max_len)."""
+    """Greedy decoding: y_t = argmax_v P(v | y_<t, x) until EOS.
+
+    EOS is forced at step max_len.
+    """
     _check_common(step, bos, eos, max_len, "greedy_decode")
     prefix, logprob = _start(bos), 0.0
     for t in range(1, max_len + 1):
         logp = _next_logprobs(step, prefix, eos=eos, fn="greedy_decode")[0]   # (V,)
-        tok = int(logp.argmax()) if t < max_len else eos                      # ties: lowest id
+        tok = int(logp.argmax()) if t < max_len else eos  # ties: lowest id
         logprob += logp[tok].item()
         prefix = torch.cat([prefix, torch.tensor([[tok]])], 1)
         if tok == eos:
@@ -203,14 +206,15 @@ def beam_search(step: Step, *, bos: int, eos: int, beam_size: int, max_len: int,
                 alpha: float = 0.0, trace: list | None = None) -> list[Hypothesis]:
     """Beam search (chapter 02): keep the ``beam_size`` best prefixes at every step.
 
-    At step t every live prefix is expanded by every token (by EOS only at t = max_len); the
-    ``beam_size`` candidates with the highest log P stay (all have length t, so this is also
-    their rank by score). A kept candidate that ends in EOS is finished: it leaves the beam
-    and is never extended again, and the next step refills the beam to ``beam_size``. The
-    search stops when no prefix is live, or when no live prefix can still beat the best
-    finished one (log P only falls as a prefix grows, so log P / lp(max_len) bounds the score
-    of any completion). ``beam_size = 1`` is greedy decoding; a beam as large as the number
-    of candidates prunes nothing and returns the exact MAP (``exact_map``).
+    At step t every live prefix is expanded by every token (by EOS only at t = max_len);
+    the ``beam_size`` candidates with the highest log P stay (all have length t, so this
+    is also their rank by score). A kept candidate that ends in EOS is finished: it
+    leaves the beam and is never extended again, and the next step refills the beam to
+    ``beam_size``. The search stops when no prefix is live, or when no live prefix can
+    still beat the best finished one (log P only falls as a prefix grows, so log P /
+    lp(max_len) bounds the score of any completion). ``beam_size = 1`` is greedy
+    decoding; a beam as large as the number of candidates prunes nothing and returns the
+    exact MAP (``exact_map``).
 
     Args:
         step: prefixes (N, t) -> (N, V) log-probabilities (see the module docstring).
@@ -218,18 +222,19 @@ def beam_search(step: Step, *, bos: int, eos: int, beam_size: int, max_len: int,
         beam_size: prefixes kept per step (>= 1). max_len: longest output, EOS included.
         alpha: length-penalty exponent (>= 0); the finished outputs are ranked by
             log P / ((5 + |y|) / 6) ** alpha.
-        trace: a list to which one ``BeamStep`` per step is appended (for drawing the tree).
+        trace: a list to which one ``BeamStep`` per step is appended (for drawing the
+            tree).
     Returns:
         Up to ``beam_size`` finished ``Hypothesis`` objects, best score first.
     """
     k, alpha = _check_beam_search(step, bos, eos, beam_size, max_len, alpha, trace)
-    prefixes = _start(bos)                                  # (N, t): the live hypotheses
+    prefixes = _start(bos)  # (N, t): the live hypotheses
     live_lp = torch.zeros(1, dtype=torch.float64)           # (N,): their log P
     finished: list[Hypothesis] = []
     for t in range(1, max_len + 1):
         logp = _next_logprobs(step, prefixes, eos=eos, fn="beam_search")      # (N, V)
         tokens = torch.arange(logp.shape[1]) if t < max_len else torch.tensor([eos])
-        cand = live_lp[:, None] + logp[:, tokens]           # (N, V'): log P of every expansion
+        cand = live_lp[:, None] + logp[:, tokens]  # (N, V'): log P of every expansion
         order = torch.sort(cand.flatten(), descending=True, stable=True).indices
         keep = order[:k]
         rows, toks = keep // len(tokens), tokens[keep % len(tokens)]
@@ -245,7 +250,8 @@ def beam_search(step: Step, *, bos: int, eos: int, beam_size: int, max_len: int,
         for r, lp in zip(rows[ends].tolist(), lp_kept[ends].tolist()):
             finished.append(Hypothesis(tuple(prefixes[r, 1:].tolist()) + (eos,), lp,
                                        lp / length_penalty(t, alpha)))
-        prefixes = torch.cat([prefixes[rows[~ends]], toks[~ends][:, None]], 1)  # (N', t + 1)
+        # (N', t + 1)
+        prefixes = torch.cat([prefixes[rows[~ends]], toks[~ends][:, None]], 1)
         live_lp = lp_kept[~ends]
         if not len(live_lp):
             break
@@ -254,7 +260,7 @@ def beam_search(step: Step, *, bos: int, eos: int, beam_size: int, max_len: int,
             bound = live_lp.max().item() / length_penalty(max_len, alpha)
             if best >= bound:
                 break
-    finished.sort(key=lambda h: -h.score)                   # stable: ties keep search order
+    finished.sort(key=lambda h: -h.score)  # stable: ties keep search order
     return finished[:k]
 
 
@@ -268,24 +274,25 @@ def _check_beam_search(step, bos, eos, beam_size, max_len, alpha, trace) -> tupl
 
 def enumerate_sequences(step: Step, *, bos: int, eos: int, vocab_size: int,
                         max_len: int) -> tuple[list[tuple[int, ...]], torch.Tensor]:
-    """Every complete output with at most ``max_len`` tokens and its log P(y|x) (float64).
+    """Every complete output of at most ``max_len`` tokens and its log P(y|x) (float64).
 
     There are sum_{T < max_len} (V - 1)^T of them: T non-EOS tokens, then EOS (forced at
-    step max_len, as in the searches). They sum to probability 1 only if the model itself
-    ends every output by max_len (chapter 02 checks this by enumeration).
+    step max_len, as in the searches). They sum to probability 1 only if the model
+    itself ends every output by max_len (chapter 02 checks this by enumeration).
     """
     v = _check_enumerate(step, bos, eos, vocab_size, max_len)
     others = torch.tensor([tok for tok in range(v) if tok != eos])
     prefixes, live_lp = _start(bos), torch.zeros(1, dtype=torch.float64)
     sequences, logprobs = [], []
     for t in range(1, max_len + 1):
-        logp = _next_logprobs(step, prefixes, eos=eos, fn="enumerate_sequences", vocab_size=v)  # (N, V)
+        logp = _next_logprobs(step, prefixes, eos=eos, fn="enumerate_sequences",
+                              vocab_size=v)  # (N, V)
         sequences += [tuple(p) + (eos,) for p in prefixes[:, 1:].tolist()]
         logprobs.append(live_lp + logp[:, eos])
         if t == max_len:
             break
         n = prefixes.shape[0]
-        live_lp = (live_lp[:, None] + logp[:, others]).flatten()              # (N * (V - 1),)
+        live_lp = (live_lp[:, None] + logp[:, others]).flatten()  # (N * (V - 1),)
         prefixes = torch.cat([prefixes.repeat_interleave(len(others), 0),
                               others.repeat(n)[:, None]], 1)
     return sequences, torch.cat(logprobs)
@@ -332,10 +339,11 @@ def random_tree_lm(vocab_size: int, *, eos: int, seed: int, temperature: float =
                    max_len: int | None = None) -> Step:
     """A random toy LM (chapter 02): every prefix gets its own next-token distribution.
 
-    The logits after prefix p are i.i.d. N(0, 1) / temperature, drawn from a generator seeded
-    by (seed, p), so the model is a fixed function of the prefix (no shared parameters,
-    unlike an RNN). With ``max_len``, the model itself puts probability 1 on EOS once a
-    prefix holds max_len - 1 generated tokens, so every output ends by length max_len.
+    The logits after prefix p are i.i.d. N(0, 1) / temperature, drawn from a generator
+    seeded by (seed, p), so the model is a fixed function of the prefix (no shared
+    parameters, unlike an RNN). With ``max_len``, the model itself puts probability 1 on
+    EOS once a prefix holds max_len - 1 generated tokens, so every output ends by length
+    max_len.
     """
     v, temperature = _check_random_tree_lm(vocab_size, eos, seed, temperature, max_len)
     ended = torch.full((v,), -math.inf, dtype=torch.float64)
@@ -348,7 +356,8 @@ def random_tree_lm(vocab_size: int, *, eos: int, seed: int, temperature: float =
         for p in prefixes.tolist():
             key = tuple(p)
             if key not in cache:
-                if max_len is not None and len(key) >= max_len:       # BOS + max_len - 1 tokens
+                # BOS + max_len - 1 tokens
+                if max_len is not None and len(key) >= max_len:
                     cache[key] = ended
                 else:
                     g = torch.Generator().manual_seed(_prefix_seed(seed, key))
