@@ -125,12 +125,14 @@ register_backend("sdpa", _sdpa)
 
 
 def _choose(q, k, v, mask, causal=None) -> str:
-    """``"triton"`` for CUDA inputs it supports once it has passed its first-use self-check, else ``"tiled"``.
+    """``"triton"`` for CUDA inputs it supports, once past its first-use self-check.
 
-    The check (:func:`attnbook.trust.trusted`) runs once per process and kind of call (device,
-    dtype, head dims, causal, masked, backward) on what such calls run (:func:`_under_check`); a
-    kind that fails warns once and gets ``"tiled"`` from then on. ``causal=None`` (not known
-    here) needs both kinds to pass.
+    Otherwise ``"tiled"``.
+
+    The check (:func:`attnbook.trust.trusted`) runs once per process and kind of call
+    (device, dtype, head dims, causal, masked, backward) on what such calls run
+    (:func:`_under_check`); a kind that fails warns once and gets ``"tiled"`` from then
+    on. ``causal=None`` (not known here) needs both kinds to pass.
     """
     if not (q.is_cuda and BACKENDS["triton"].supports(q, k, v, mask)[0]):
         return "tiled"
