@@ -175,33 +175,43 @@ def linear_attention(q, k, v, *, mask=None, causal=False, feature_map=elu_featur
     return _normalize(fn, num, den, has_key, eps)
 
 
-def linear_attention_recurrent(q, k, v, *, mask=None, causal=False, feature_map=elu_feature_map, eps=0.0):
-    """Linear attention as an explicit loop over positions with an O(F Dv) state (chapter 09, eq-ch09-linear-rnn).
+def linear_attention_recurrent(q, k, v, *, mask=None, causal=False,
+                               feature_map=elu_feature_map, eps=0.0):
+    """Linear attention as a loop over positions with an O(F Dv) state (chapter 09).
 
+    The recurrence (eq-ch09-linear-rnn):
     S <- S + phi(k_j) v_j^T,  z <- z + phi(k_j),  out_i = phi(q_i)^T S / (phi(q_i)^T z).
     With ``causal`` the keys j <= i are added before query i reads the state (an RNN);
-    without, all keys are added first. A Python loop: for teaching and checking, not speed.
+    without, all keys are added first. A Python loop: for teaching and checking, not
+    speed.
     Same arguments and result as ``linear_attention``.
     """
     fn = "linear_attention_recurrent"
-    phi_q, phi_k, keep = _prepare(fn, q, k, v, mask, causal, feature_map, eps, padding_only=True)
+    phi_q, phi_k, keep = _prepare(fn, q, k, v, mask, causal, feature_map, eps,
+                                  padding_only=True)
     tq, tk = q.shape[-2], k.shape[-2]
-    s = phi_q.new_zeros(*phi_q.shape[:-2], phi_q.shape[-1], v.shape[-1])  # (..., F, Dv)  state S
+    # (..., F, Dv)  state S
+    s = phi_q.new_zeros(*phi_q.shape[:-2], phi_q.shape[-1], v.shape[-1])
     z = phi_q.new_zeros(*phi_q.shape[:-2], phi_q.shape[-1])  # (..., F)  normaliser z
-    seen = torch.zeros(phi_q.shape[:-2], dtype=torch.bool, device=q.device)  # any real key added yet
-    if keep is not None:  # a padded key contributes nothing to S or z (masked_fill: NaN/inf there too)
-        phi_k, v = phi_k.masked_fill(~keep.unsqueeze(-1), 0.0), v.masked_fill(~keep.unsqueeze(-1), 0.0)
+    # any real key added yet
+    seen = torch.zeros(phi_q.shape[:-2], dtype=torch.bool, device=q.device)
+    # a padded key contributes nothing to S or z (masked_fill: NaN/inf there too)
+    if keep is not None:
+        hidden = ~keep.unsqueeze(-1)
+        phi_k, v = phi_k.masked_fill(hidden, 0.0), v.masked_fill(hidden, 0.0)
     nums, dens, has_key, j = [], [], [], 0
     for i in range(tq):
         while j < (min(i + 1, tk) if causal else tk):
-            s = s + phi_k[..., j, :, None] * v[..., j, None, :]  # S <- S + phi(k_j) v_j^T
+            # S <- S + phi(k_j) v_j^T
+            s = s + phi_k[..., j, :, None] * v[..., j, None, :]
             z = z + phi_k[..., j, :]  # z <- z + phi(k_j)
             seen = seen | (True if keep is None else keep[..., j])
             j += 1
         nums.append((phi_q[..., i, :, None] * s).sum(-2))  # phi(q_i)^T S
         dens.append((phi_q[..., i, :] * z).sum(-1))  # phi(q_i)^T z
         has_key.append(seen)
-    num, den = torch.stack(nums, dim=-2), torch.stack(dens, dim=-1)  # (..., Tq, Dv), (..., Tq)
+    # (..., Tq, Dv), (..., Tq)
+    num, den = torch.stack(nums, dim=-2), torch.stack(dens, dim=-1)
     return _normalize(fn, num, den, torch.stack(has_key, dim=-1), eps)
 
 
