@@ -51,17 +51,22 @@ def online_softmax(x: torch.Tensor, *, block: int = 64) -> torch.Tensor:
     check_tensor("x", x, fn="online_softmax", min_ndim=1)
     block = check_int("block", block, fn="online_softmax")
     xc = x if x.dtype in (torch.float32, torch.float64) else x.float()
-    m_i = torch.full(xc.shape[:-1] + (1,), NEG_INF, dtype=xc.dtype, device=xc.device)  # running max (..., 1)
+    # running max (..., 1)
+    m_i = torch.full(xc.shape[:-1] + (1,), NEG_INF, dtype=xc.dtype, device=xc.device)
     l_i = torch.zeros_like(m_i)  # running sum (..., 1)
     for j0 in range(0, xc.shape[-1], block):
         xb = xc[..., j0:j0 + block]  # (..., b)
-        m_new = torch.maximum(m_i, xb.amax(-1, keepdim=True))  # m_i' = max(m_i, rowmax(x_b))
-        m_safe = m_new.masked_fill(m_new == NEG_INF, 0.0)  # no finite entry yet: exp(-inf - 0) = 0, not NaN
+        # m_i' = max(m_i, rowmax(x_b))
+        m_new = torch.maximum(m_i, xb.amax(-1, keepdim=True))
+        # no finite entry yet: exp(-inf - 0) = 0, not NaN
+        m_safe = m_new.masked_fill(m_new == NEG_INF, 0.0)
         alpha = torch.exp(m_i - m_safe)  # rescales what was summed so far
-        l_i = alpha * l_i + torch.exp(xb - m_safe).sum(-1, keepdim=True)  # l_i' = alpha * l_i + rowsum(exp(x_b - m_i'))
+        # l_i' = alpha * l_i + rowsum(exp(x_b - m_i'))
+        l_i = alpha * l_i + torch.exp(xb - m_safe).sum(-1, keepdim=True)
         m_i = m_new
     m_safe = m_i.masked_fill(m_i == NEG_INF, 0.0)
-    out = torch.exp(xc - m_safe) / l_i.masked_fill(l_i == 0, 1.0)  # all -inf row: 0 / 1 = 0
+    # all -inf row: 0 / 1 = 0
+    out = torch.exp(xc - m_safe) / l_i.masked_fill(l_i == 0, 1.0)
     return out.to(x.dtype)
 
 
@@ -118,19 +123,24 @@ def _mask_tile(s, masks, lead, i0, j0, causal):
 
 
 def _forward(q, k, v, masks, lead, causal, block_q, block_k):
-    """FlashAttention-2 forward. q (G, Tq, D) pre-scaled by scale*log2(e), k (G, Tk, D), v (G, Tk, Dv).
+    """FlashAttention-2 forward.
 
-    Returns ``out`` (G, Tq, Dv) and the row statistics ``row_max`` (G, Tq), the row max of the
-    base-2 scores, and ``row_sum`` (G, Tq), the row sum of ``2^(S - row_max)``: the base-2
-    log-sum-exp is ``row_max + log2(row_sum)`` (``-inf`` for a row with no allowed key, where
-    ``row_max = -inf`` and ``row_sum = 0``).
+    q (G, Tq, D) pre-scaled by scale*log2(e), k (G, Tk, D), v (G, Tk, Dv).
+
+    Returns ``out`` (G, Tq, Dv) and the row statistics ``row_max`` (G, Tq), the row max
+    of the base-2 scores, and ``row_sum`` (G, Tq), the row sum of ``2^(S - row_max)``:
+    the base-2 log-sum-exp is ``row_max + log2(row_sum)`` (``-inf`` for a row with no
+    allowed key, where ``row_max = -inf`` and ``row_sum = 0``).
     """
     g, tq, tk, dv = q.shape[0], q.shape[1], k.shape[1], v.shape[-1]
     kt = k.transpose(1, 2)  # (G, D, Tk)
-    out, row_max, row_sum = q.new_zeros((g, tq, dv)), q.new_full((g, tq), NEG_INF), q.new_zeros((g, tq))
-    if g * tq * tk == 0:  # no query, no key or no (batch, head): empty rows (out = 0, lse = -inf)
+    out = q.new_zeros((g, tq, dv))
+    row_max, row_sum = q.new_full((g, tq), NEG_INF), q.new_zeros((g, tq))
+    # no query, no key or no (batch, head): empty rows (out = 0, lse = -inf)
+    if g * tq * tk == 0:
         return out, row_max, row_sum
-    s_buf = q.new_empty(g * min(block_q, tq) * min(block_k, tk))  # one score tile, reused
+    # one score tile, reused
+    s_buf = q.new_empty(g * min(block_q, tq) * min(block_k, tk))
     for i0 in range(0, tq, block_q):
         q_i = q[:, i0:i0 + block_q]  # (G, n, D)
         n = q_i.shape[1]
@@ -138,66 +148,89 @@ def _forward(q, k, v, masks, lead, causal, block_q, block_k):
         l_i = q.new_zeros((g, n, 1))  # running row sum
         acc = q.new_zeros((g, n, dv))  # unnormalised output (G, n, Dv)
         for j0 in _key_starts(i0, i0 + n, tk, block_k, causal):
-            kt_j, v_j = kt[:, :, j0:j0 + block_k], v[:, j0:j0 + block_k]  # (G, D, m), (G, m, Dv)
-            s = torch.bmm(q_i, kt_j, out=s_buf[: g * n * kt_j.shape[-1]].view(g, n, -1))  # S_ij (G, n, m)
+            # (G, D, m), (G, m, Dv)
+            kt_j, v_j = kt[:, :, j0:j0 + block_k], v[:, j0:j0 + block_k]
+            # S_ij (G, n, m)
+            s = torch.bmm(q_i, kt_j, out=s_buf[: g * n * kt_j.shape[-1]].view(g, n, -1))
             _mask_tile(s, masks, lead, i0, j0, causal)
-            m_new = torch.maximum(m_i, s.amax(-1, keepdim=True))  # m_i' = max(m_i, rowmax(S_ij))
-            m_safe = m_new.masked_fill(m_new == NEG_INF, 0.0)  # no key yet: 2^(-inf - 0) = 0, not NaN
+            # m_i' = max(m_i, rowmax(S_ij))
+            m_new = torch.maximum(m_i, s.amax(-1, keepdim=True))
+            # no key yet: 2^(-inf - 0) = 0, not NaN
+            m_safe = m_new.masked_fill(m_new == NEG_INF, 0.0)
             alpha = torch.exp2(m_i - m_safe)  # rescales what was summed so far
             p = s.sub_(m_safe).exp2_()  # P_ij = 2^(S_ij - m_i')
-            l_i.mul_(alpha).add_(p.sum(-1, keepdim=True))  # l_i' = alpha * l_i + rowsum(P_ij)
+            # l_i' = alpha * l_i + rowsum(P_ij)
+            l_i.mul_(alpha).add_(p.sum(-1, keepdim=True))
             acc.mul_(alpha).baddbmm_(p, v_j)  # acc' = alpha * acc + P_ij V_j
             m_i = m_new
-        out[:, i0:i0 + n] = acc.div_(l_i.masked_fill(l_i == 0, 1.0))  # O_i = acc / l_i; empty row: 0
+        # O_i = acc / l_i; empty row: 0
+        out[:, i0:i0 + n] = acc.div_(l_i.masked_fill(l_i == 0, 1.0))
         row_max[:, i0:i0 + n], row_sum[:, i0:i0 + n] = m_i.squeeze(-1), l_i.squeeze(-1)
     return out, row_max, row_sum  # (G, Tq, Dv), (G, Tq), (G, Tq)
 
 
-def _backward(q, k, v, out, row_max, row_sum, dout, masks, lead, causal, scale, block_q, block_k, dmask=None):
-    """FlashAttention-2 backward: recompute P_ij = 2^(S_ij - m_i) / l_i tile by tile. Shapes as ``_forward``.
+def _backward(q, k, v, out, row_max, row_sum, dout, masks, lead, causal, scale,
+              block_q, block_k, dmask=None):
+    """FlashAttention-2 backward: recompute P_ij = 2^(S_ij - m_i) / l_i tile by tile.
 
-    q here is the unscaled query; returns dq, dk, dv in the compute dtype. If ``dmask`` (G, Tq, Tk)
-    is given, the score gradients dS_ij (the gradient of an additive mask) are written into it.
-    Each tile's scores are recomputed exactly as the forward computed them (S = Q K^T, then the
-    mask, then minus the row max): folding the row max into the product first would turn a row
-    soft-masked with -1e9 into large positive exponents. The row max and row sum are used
-    apart, never as one ``lse = m + log2(l)``: at logits of 1e3 to 1e4 a float32 ``lse`` is
-    rounded by ~1e-4 to 1e-3, which ``2^(S - lse)`` would turn into a relative error of that
-    size in every recomputed P_ij, while ``S - m`` is as exact as in the forward pass.
-    The 1/l_i factor is folded into dO_i and D_i once per row instead of into every tile.
+    Shapes as ``_forward``.
+
+    q here is the unscaled query; returns dq, dk, dv in the compute dtype. If ``dmask``
+    (G, Tq, Tk) is given, the score gradients dS_ij (the gradient of an additive mask)
+    are written into it. Each tile's scores are recomputed exactly as the forward
+    computed them (S = Q K^T, then the mask, then minus the row max): folding the row
+    max into the product first would turn a row soft-masked with -1e9 into large
+    positive exponents. The row max and row sum are used apart, never as one
+    ``lse = m + log2(l)``: at logits of 1e3 to 1e4 a float32 ``lse`` is rounded by ~1e-4
+    to 1e-3, which ``2^(S - lse)`` would turn into a relative error of that size in
+    every recomputed P_ij, while ``S - m`` is as exact as in the forward pass. The 1/l_i
+    factor is folded into dO_i and D_i once per row instead of into every tile.
     """
     g, tq, tk = q.shape[0], q.shape[1], k.shape[1]
     qs = q * (scale * LOG2E)  # (G, Tq, D)
-    # dQ_i = sum_j dS_ij K_j: a hidden key has dS_ij = 0, but 0 * NaN = NaN if its k holds NaN.
+    # dQ_i = sum_j dS_ij K_j: a hidden key has dS_ij = 0, but 0 * NaN = NaN if its k
+    # holds NaN.
     k_for_dq = k.masked_fill(~torch.isfinite(k), 0.0) if has_nonfinite(k) else k
     kt, vt = k.transpose(1, 2), v.transpose(1, 2)  # (G, D, Tk), (G, Dv, Tk)
     empty_row = row_max == NEG_INF
-    row_max = row_max.masked_fill(empty_row, 0.0).unsqueeze(-1)  # empty row: every 2^(-inf - 0) = 0  (G, Tq, 1)
-    inv_l = torch.where(row_sum > 0, 1.0 / row_sum.masked_fill(row_sum == 0, 1.0), 0.0).unsqueeze(-1)  # 1 / l_i
+    # empty row: every 2^(-inf - 0) = 0  (G, Tq, 1)
+    row_max = row_max.masked_fill(empty_row, 0.0).unsqueeze(-1)
+    # 1 / l_i
+    inv_l = torch.where(row_sum > 0, 1.0 / row_sum.masked_fill(row_sum == 0, 1.0), 0.0)
+    inv_l = inv_l.unsqueeze(-1)
     dout = dout * inv_l  # dO_i / l_i  (G, Tq, Dv)
-    neg_delta = -(dout * out).sum(-1, keepdim=True)  # -D_i / l_i, D_i = rowsum(dO_i * O_i)  (G, Tq, 1)
-    dq = [q.new_zeros((g, min(block_q, tq - i0), q.shape[-1])) for i0 in range(0, tq, block_q)]
+    # -D_i / l_i, D_i = rowsum(dO_i * O_i)  (G, Tq, 1)
+    neg_delta = -(dout * out).sum(-1, keepdim=True)
+    dq = [q.new_zeros((g, min(block_q, tq - i0), q.shape[-1]))
+          for i0 in range(0, tq, block_q)]
     dks, dvs = [], []
     for j0 in range(0, tk, block_k):  # FA2 backward: the outer loop owns a key tile
         kt_j, vt_j = kt[:, :, j0:j0 + block_k], vt[:, :, j0:j0 + block_k]
         m = kt_j.shape[-1]
         dk_j = k.new_zeros((g, m, k.shape[-1]))  # (G, m, D)
         dv_j = v.new_zeros((g, m, v.shape[-1]))  # (G, m, Dv)
-        first_q = (j0 // block_q) * block_q if causal else 0  # causal: queries i < j0 see no key here
+        # causal: queries i < j0 see no key here
+        first_q = (j0 // block_q) * block_q if causal else 0
         for i0 in range(first_q, tq, block_q):
             sl = slice(i0, i0 + block_q)
             n = dq[i0 // block_q].shape[1]
             s = torch.bmm(qs[:, sl], kt_j)  # S_ij (G, n, m), as in the forward
             _mask_tile(s, masks, lead, i0, j0, causal)
             p = s.sub_(row_max[:, sl]).exp2_()  # l_i P_ij = 2^(S_ij - m_i), recomputed
-            dv_j.baddbmm_(p.transpose(1, 2), dout[:, sl])  # dV_j += (l_i P_ij)^T (dO_i / l_i) = P_ij^T dO_i
-            dp = torch.baddbmm(neg_delta[:, sl].expand(g, n, m), dout[:, sl], vt_j)  # (dP_ij - D_i) / l_i
-            # (dP_ij = dO_i V_j^T; the 1/l_i comes with dout, it turns 2^(S_ij - m_i) into P_ij below)
+            # dV_j += (l_i P_ij)^T (dO_i / l_i) = P_ij^T dO_i
+            dv_j.baddbmm_(p.transpose(1, 2), dout[:, sl])
+            # (dP_ij - D_i) / l_i
+            dp = torch.baddbmm(neg_delta[:, sl].expand(g, n, m), dout[:, sl], vt_j)
+            # (dP_ij = dO_i V_j^T; the 1/l_i comes with dout, it turns 2^(S_ij - m_i)
+            # into P_ij below)
             ds = dp.mul_(p)  # dS_ij = P_ij * (dP_ij - D_i)
             if dmask is not None:
-                dmask[:, sl, j0:j0 + m] = ds  # d mask_ij = dS_ij: the mask is added to S
-            dq[i0 // block_q].baddbmm_(ds, k_for_dq[:, j0:j0 + m])  # dQ_i += dS_ij K_j (times scale below)
-            dk_j.baddbmm_(ds.transpose(1, 2), q[:, sl])  # dK_j += dS_ij^T Q_i   (times scale below)
+                # d mask_ij = dS_ij: the mask is added to S
+                dmask[:, sl, j0:j0 + m] = ds
+            # dQ_i += dS_ij K_j (times scale below)
+            dq[i0 // block_q].baddbmm_(ds, k_for_dq[:, j0:j0 + m])
+            # dK_j += dS_ij^T Q_i   (times scale below)
+            dk_j.baddbmm_(ds.transpose(1, 2), q[:, sl])
         dks.append(dk_j.mul_(scale))
         dvs.append(dv_j)
     dq = torch.cat(dq, 1).mul_(scale) if dq else q.new_zeros(q.shape)
@@ -279,45 +312,56 @@ class _TiledAttention(torch.autograd.Function):
 
 
 @attention_kernel
-def attention_tiled(q, k, v, *, mask=None, causal=False, scale=None, block_q=None, block_k=None):
-    """Exact attention computed tile by tile with an online softmax (chapter 09; introduced in chapter 04).
+def attention_tiled(q, k, v, *, mask=None, causal=False, scale=None, block_q=None,
+                    block_k=None):
+    """Exact attention computed tile by tile with an online softmax (chapter 09).
+
+    Introduced in chapter 04.
 
     For each query tile Q_i and key tile (K_j, V_j):
     ``S_ij = scale * Q_i K_j^T (+ mask)``, ``m_i' = max(m_i, rowmax S_ij)``,
     ``P_ij = exp(S_ij - m_i')``, ``l_i' = exp(m_i - m_i') l_i + rowsum P_ij``,
     ``acc' = exp(m_i - m_i') acc + P_ij V_j``; finally ``O_i = acc / l_i`` and
-    ``lse_i = m_i + log l_i``. Equal to ``softmax(Q K^T * scale + mask) V`` up to rounding.
-    Gradients come from a custom backward that recomputes ``P_ij = exp(S_ij - m_i) / l_i``.
+    ``lse_i = m_i + log l_i``. Equal to ``softmax(Q K^T * scale + mask) V`` up to
+    rounding. Gradients come from a custom backward that recomputes
+    ``P_ij = exp(S_ij - m_i) / l_i``.
 
-    Float16/bfloat16 inputs are computed in float32 (``out`` is returned in the input dtype);
-    float32/float64 are computed in their own dtype. Runs on the device of its inputs.
+    Float16/bfloat16 inputs are computed in float32 (``out`` is returned in the input
+    dtype); float32/float64 are computed in their own dtype. Runs on the device of its
+    inputs.
 
     Args:
-        q: ``(..., Tq, D)``; k: ``(..., Tk, D)``; v: ``(..., Tk, Dv)`` (same leading dims).
-        mask: bool (True = may attend) or additive float, broadcastable to ``(..., Tq, Tk)``.
-            A float mask that requires grad (a learned bias) gets its gradient dS; that one
-            gradient is a ``(..., Tq, Tk)`` tensor, so only then is O(Tq Tk) memory used.
-        causal: forbid key j > query i (top-left aligned when Tq != Tk); tiles entirely above
-            the diagonal are skipped, see :func:`tile_schedule`.
+        q: ``(..., Tq, D)``; k: ``(..., Tk, D)``; v: ``(..., Tk, Dv)`` (same leading
+            dims).
+        mask: bool (True = may attend) or additive float, broadcastable to
+            ``(..., Tq, Tk)``. A float mask that requires grad (a learned bias) gets its
+            gradient dS; that one gradient is a ``(..., Tq, Tk)`` tensor, so only then
+            is O(Tq Tk) memory used.
+        causal: forbid key j > query i (top-left aligned when Tq != Tk); tiles entirely
+            above the diagonal are skipped, see :func:`tile_schedule`.
         scale: softmax scale, default ``1/sqrt(D)``.
-        block_q, block_k: tile sizes (ints >= 1); None picks :func:`default_blocks` (256 x 512
-            for long sequences: 64 x 64 tiles spend most of the time in Python overhead).
+        block_q, block_k: tile sizes (ints >= 1); None picks :func:`default_blocks`
+            (256 x 512 for long sequences: 64 x 64 tiles spend most of the time in
+            Python overhead).
     Returns:
-        :class:`~attnbook.reference.AttentionResult` ``(out, lse, weights=None)``: ``out``
-        ``(..., Tq, Dv)`` in the input dtype and the natural-log log-sum-exp ``lse (..., Tq)``
-        in the compute dtype (not differentiable). A query row with no allowed key gets
-        ``out = 0``, ``lse = -inf`` and zero gradients; a key the mask hides never reaches the
-        output, even if its k or v holds NaN / inf. First derivatives only: a double backward
-        (``create_graph=True``) raises a RuntimeError.
+        :class:`~attnbook.reference.AttentionResult` ``(out, lse, weights=None)``:
+        ``out`` ``(..., Tq, Dv)`` in the input dtype and the natural-log log-sum-exp
+        ``lse (..., Tq)`` in the compute dtype (not differentiable). A query row with no
+        allowed key gets ``out = 0``, ``lse = -inf`` and zero gradients; a key the mask
+        hides never reaches the output, even if its k or v holds NaN / inf. First
+        derivatives only: a double backward (``create_graph=True``) raises a
+        RuntimeError.
         Arguments are validated by ``@attention_kernel``, which also resolves ``scale``.
     """
     tq, tk = q.shape[-2], k.shape[-2]
     auto_q, auto_k = default_blocks(tq, tk)
-    block_q = auto_q if block_q is None else check_int("block_q", block_q, fn="attention_tiled")
-    block_k = auto_k if block_k is None else check_int("block_k", block_k, fn="attention_tiled")
+    fn = "attention_tiled"
+    block_q = auto_q if block_q is None else check_int("block_q", block_q, fn=fn)
+    block_k = auto_k if block_k is None else check_int("block_k", block_k, fn=fn)
     # hidden keys: weight 0 times 0, not 0 * NaN (the visible ones are put back below)
     clean_v = v.masked_fill(~torch.isfinite(v.detach()), 0.0) if has_nonfinite(v) else v
-    out, lse = _TiledAttention.apply(q, k, clean_v, mask, causal, scale, block_q, block_k)
+    out, lse = _TiledAttention.apply(q, k, clean_v, mask, causal, scale, block_q,
+                                     block_k)
     if clean_v is not v:
         out = propagate_nonfinite_tiled(out, v, mask, causal, block_q)
     return AttentionResult(out, lse, None)
