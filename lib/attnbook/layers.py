@@ -37,14 +37,15 @@ ACTIVATIONS = ("relu", "gelu", "swiglu")
 # LayerNorm (chapter 08)
 # ---------------------------------------------------------------------------------------------
 
-def layer_norm(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5) -> torch.Tensor:
+def layer_norm(x: torch.Tensor, weight=None, bias=None,
+               eps: float = 1e-5) -> torch.Tensor:
     """Layer normalization over the last dim (chapter 08, eq. eq-ch08-layernorm).
 
-    y = (x - mean(x)) / sqrt(var(x) + eps) * weight + bias, where mean and var are taken over
-    the last dim and var is the *biased* variance (divide by d, not d - 1), with eps inside the
-    square root: the definition ``torch.nn.LayerNorm`` uses. A float16/bfloat16 ``x`` is
-    normalised in float32 (its variance would overflow or round away otherwise) and the result
-    cast back, as ``nn.LayerNorm`` does.
+    y = (x - mean(x)) / sqrt(var(x) + eps) * weight + bias, where mean and var are taken
+    over the last dim and var is the *biased* variance (divide by d, not d - 1), with
+    eps inside the square root: the definition ``torch.nn.LayerNorm`` uses. A
+    float16/bfloat16 ``x`` is normalised in float32 (its variance would overflow or
+    round away otherwise) and the result cast back, as ``nn.LayerNorm`` does.
 
     Args:
         x: floating tensor ``(..., d)``.
@@ -54,10 +55,11 @@ def layer_norm(x: torch.Tensor, weight=None, bias=None, eps: float = 1e-5) -> to
         tensor of the shape and dtype of ``x``.
     """
     _check_layer_norm(x, weight, bias, eps)
-    h = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x   # statistics in >= float32
+    # statistics in >= float32
+    h = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
     mean = h.mean(-1, keepdim=True)                      # mu = (1/d) sum_i x_i
     centered = h - mean
-    var = centered.pow(2).mean(-1, keepdim=True)         # biased: (1/d) sum_i (x_i - mu)^2
+    var = centered.pow(2).mean(-1, keepdim=True)  # biased: (1/d) sum_i (x_i - mu)^2
     y = centered / torch.sqrt(var + eps)                 # eps inside the square root
     if weight is not None:
         y = y * weight                                   # gamma: one gain per feature
@@ -125,15 +127,16 @@ class LayerNorm(nn.Module):
 # ---------------------------------------------------------------------------------------------
 
 def swiglu_hidden_size(d_model: int, *, multiple_of: int = 1) -> int:
-    """The SwiGLU hidden size with about the parameters of a 4 d_model ReLU FFN (chapter 07).
+    """The SwiGLU hidden size with about a 4 d_model ReLU FFN's parameters (chapter 07).
 
-    Three d_model x d_ff matrices instead of two: d_ff = 2/3 * 4 d_model = 8 d_model / 3, then
-    rounded up to a multiple of ``multiple_of`` (LLaMA uses 256: d_model 4096 gives 11008).
+    Three d_model x d_ff matrices instead of two: d_ff = 2/3 * 4 d_model
+    = 8 d_model / 3, then rounded up to a multiple of ``multiple_of`` (LLaMA uses 256:
+    d_model 4096 gives 11008).
     """
     d_model = check_int("d_model", d_model, fn="swiglu_hidden_size")
     multiple_of = check_int("multiple_of", multiple_of, fn="swiglu_hidden_size")
     hidden = (8 * d_model) // 3                                 # int(2 * 4d / 3)
-    return multiple_of * -(-hidden // multiple_of)              # round up to multiple_of
+    return multiple_of * -(-hidden // multiple_of)  # round up to multiple_of
 
 
 class FeedForward(nn.Module):
@@ -179,7 +182,7 @@ class FeedForward(nn.Module):
         elif self.activation == "gelu":
             h = F.gelu(h)                                     # exact x * Phi(x)
         else:
-            h = F.silu(self.gate(x)) * h                      # SwiGLU: SiLU(x W_g) * (x W_1)
+            h = F.silu(self.gate(x)) * h  # SwiGLU: SiLU(x W_g) * (x W_1)
         return self.linear2(self.dropout(h))                  # (..., d_model)
 
     def extra_repr(self) -> str:
@@ -262,26 +265,29 @@ def _kind(module: nn.Module, name: str, parent: nn.Module | None) -> str | None:
 
 
 def count_parameters(module: nn.Module, *, by: str = "kind") -> dict[str, int]:
-    """Number of parameters of ``module``, split by kind or by child (chapters 07 and 08).
+    """Number of parameters of ``module``, split by kind or by child (chapters 07, 08).
 
-    ``by="kind"``: ``{"embedding", "attention", "ffn", "norm", "other"}`` (keys with 0 omitted).
-    A module is counted as a whole when it is an embedding (``nn.Embedding``), an attention
-    (``nn.MultiheadAttention`` or :class:`attnbook.multihead.MultiHeadAttention`), an FFN
-    (:class:`FeedForward`, or the ``linear1``/``linear2`` children of PyTorch's Transformer
-    layers), or a norm (LayerNorm, RMSNorm); any other parameter is ``"other"`` (e.g. an output
-    projection to the vocabulary that is not tied to the embedding).
+    ``by="kind"``: ``{"embedding", "attention", "ffn", "norm", "other"}`` (keys with 0
+    omitted). A module is counted as a whole when it is an embedding (``nn.Embedding``),
+    an attention (``nn.MultiheadAttention`` or
+    :class:`attnbook.multihead.MultiHeadAttention`), an FFN (:class:`FeedForward`, or
+    the ``linear1``/``linear2`` children of PyTorch's Transformer layers), or a norm
+    (LayerNorm, RMSNorm); any other parameter is ``"other"`` (e.g. an output projection
+    to the vocabulary that is not tied to the embedding).
 
-    ``by="child"``: one entry per named child that holds parameters not counted before it, in
-    order, plus ``"(own)"`` for parameters the module holds directly; a child whose parameters
-    all belong to an earlier child (an output projection tied to the embedding) is left out, as
-    kinds with 0 are.
+    ``by="child"``: one entry per named child that holds parameters not counted before
+    it, in order, plus ``"(own)"`` for parameters the module holds directly; a child
+    whose parameters all belong to an earlier child (an output projection tied to the
+    embedding) is left out, as kinds with 0 are.
 
-    A parameter shared by several modules (tied embeddings) is counted once, where it is first
-    met, so the values always add up to ``sum(p.numel() for p in module.parameters())``.
+    A parameter shared by several modules (tied embeddings) is counted once, where it is
+    first met, so the values always add up to
+    ``sum(p.numel() for p in module.parameters())``.
     """
     fn = "count_parameters"
     if not isinstance(module, nn.Module):
-        raise TypeError(f"{fn}: `module` must be an nn.Module, got {type(module).__name__}")
+        raise TypeError(f"{fn}: `module` must be an nn.Module, "
+                        f"got {type(module).__name__}")
     check_choice("by", by, ("kind", "child"), fn=fn)
     seen: set[int] = set()
 
@@ -296,7 +302,7 @@ def count_parameters(module: nn.Module, *, by: str = "kind") -> dict[str, int]:
     counts: dict[str, int] = {}
     if by == "child":
         for name, child in module.named_children():
-            n = fresh(child.parameters())                     # 0: dropout, a tied output ...
+            n = fresh(child.parameters())  # 0: dropout, a tied output ...
             if n:
                 counts[name] = n
         own = fresh(module.parameters(recurse=False))
