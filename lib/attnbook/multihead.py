@@ -44,8 +44,9 @@ __all__ = ["MultiHeadAttention", "MultiHeadOutput", "mask_from_torch", "merge_he
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     """Cut the last dim into ``n_heads`` blocks of ``d_k`` (chapter 05, step 1).
 
-    Block i of the features is head i: ``x[..., i*d_k:(i+1)*d_k]`` becomes ``out[:, i]``.
-    Args: x ``(B, T, n_heads * d_k)``.  Returns ``(B, n_heads, T, d_k)`` (a view when possible).
+    Block i of the features is head i: ``x[..., i*d_k:(i+1)*d_k]`` becomes
+    ``out[:, i]``. Args: x ``(B, T, n_heads * d_k)``.  Returns ``(B, n_heads, T, d_k)``
+    (a view when possible).
     """
     _check_split_heads(x, n_heads)
     b, t, d = x.shape
@@ -63,7 +64,9 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
 
 
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
-    """Share each key/value head among ``n_rep`` consecutive query heads (GQA / MQA, chapter 05).
+    """Share each key/value head among ``n_rep`` consecutive query heads (chapter 05).
+
+    This is grouped-query (GQA) and multi-query (MQA) attention.
 
     Query head i reads key/value head ``i // n_rep``.
     Args: x ``(B, H_kv, T, D)``.  Returns ``(B, H_kv * n_rep, T, D)``.
@@ -76,29 +79,33 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x[:, :, None].expand(b, h_kv, n_rep, t, d).reshape(b, h_kv * n_rep, t, d)
 
 
-def mask_from_torch(attn_mask=None, key_padding_mask=None, *, n_heads: int | None = None):
+def mask_from_torch(attn_mask=None, key_padding_mask=None, *,
+                    n_heads: int | None = None):
     """Convert ``nn.MultiheadAttention``'s masks to this library's mask (chapter 05).
 
-    The one place where the opposite polarity is handled: in ``nn.MultiheadAttention`` a bool
-    True means "may NOT attend" (in ``attn_mask``) and "is padding" (in ``key_padding_mask``);
-    here True means "may attend". Float masks are additive in both and pass through unchanged.
+    The one place where the opposite polarity is handled: in ``nn.MultiheadAttention`` a
+    bool True means "may NOT attend" (in ``attn_mask``) and "is padding" (in
+    ``key_padding_mask``); here True means "may attend". Float masks are additive in
+    both and pass through unchanged.
 
     Args:
-        attn_mask: ``(Tq, Tk)``, or ``(B * n_heads, Tq, Tk)`` with one mask per batch element and
-            head (torch's layout, index ``b * n_heads + h``); bool or float.
+        attn_mask: ``(Tq, Tk)``, or ``(B * n_heads, Tq, Tk)`` with one mask per batch
+            element and head (torch's layout, index ``b * n_heads + h``); bool or float.
         key_padding_mask: ``(B, Tk)`` (or ``(Tk,)``), bool (True = padding) or float.
         n_heads: needed only for a 3-D ``attn_mask``.
     Returns:
-        None when both are None; a bool mask (True = may attend) when every given mask is bool;
-        otherwise an additive float mask (0 / -inf from the bool ones, summed as torch does).
+        None when both are None; a bool mask (True = may attend) when every given mask
+        is bool; otherwise an additive float mask (0 / -inf from the bool ones, summed
+        as torch does).
         It broadcasts to ``(B, H, Tq, Tk)``.
     """
     _check_mask_from_torch(attn_mask, key_padding_mask, n_heads)
     masks = []
     if attn_mask is not None:
-        if attn_mask.ndim == 3:                                    # (B * H, Tq, Tk): row b * H + h
+        if attn_mask.ndim == 3:  # (B * H, Tq, Tk): row b * H + h
             bh, tq, tk = attn_mask.shape
-            attn_mask = attn_mask.reshape(bh // n_heads, n_heads, tq, tk)  # (B, H, Tq, Tk)
+            # (B, H, Tq, Tk)
+            attn_mask = attn_mask.reshape(bh // n_heads, n_heads, tq, tk)
         masks.append(~attn_mask if attn_mask.dtype == torch.bool else attn_mask)
     if key_padding_mask is not None:
         kpm = key_padding_mask
@@ -197,26 +204,29 @@ class MultiHeadAttention(nn.Module):
         kv = "" if self.n_kv_heads == self.n_heads else f", n_kv_heads={self.n_kv_heads}"
         return f"d_model={self.d_model}, n_heads={self.n_heads}{kv}, d_k={self.d_k}, backend={self.backend!r}"
 
-    def forward(self, query, key=None, value=None, *, mask=None, causal=False, need_weights=False,
-                head_mask=None) -> MultiHeadOutput:
+    def forward(self, query, key=None, value=None, *, mask=None, causal=False,
+                need_weights=False, head_mask=None) -> MultiHeadOutput:
         """Multi-head attention of ``query`` over ``key``/``value`` (chapter 05).
 
         Args:
             query: ``(B, Tq, d_model)``.
             key: ``(B, Tk, kdim)``, default ``query`` (self-attention).
             value: ``(B, Tk, vdim)``, default ``key``.
-            mask: bool (True = may attend) or additive float, broadcastable to ``(B, H, Tq, Tk)``;
-                a key-padding mask is ``attnbook.padding_mask(lengths, Tk)``, shape ``(B, 1, 1, Tk)``.
-                Masks written for ``nn.MultiheadAttention`` go through :func:`mask_from_torch`.
-            causal: query i may attend key j only if j <= i (top-left aligned when Tq != Tk).
+            mask: bool (True = may attend) or additive float, broadcastable to
+                ``(B, H, Tq, Tk)``; a key-padding mask is
+                ``attnbook.padding_mask(lengths, Tk)``, shape ``(B, 1, 1, Tk)``. Masks
+                written for ``nn.MultiheadAttention`` go through
+                :func:`mask_from_torch`.
+            causal: query i may attend key j only if j <= i (top-left aligned when
+                Tq != Tk).
             need_weights: also return the per-head weights; computed with ``attention_ref``
                 (the backend is then not used).
-            head_mask: ``(H,)`` factors multiplying each head's output before ``W^O`` (0 removes a
-                head: head ablation, Michel et al. 2019).
+            head_mask: ``(H,)`` factors multiplying each head's output before ``W^O`` (0
+                removes a head: head ablation, Michel et al. 2019).
         Returns:
             ``MultiHeadOutput(out, weights)``: ``out`` ``(B, Tq, d_model)``; ``weights``
-            ``(B, H, Tq, Tk)`` or None. A query row with no allowed key gets zero head outputs
-            (so ``out`` is ``out_proj``'s bias there) and zero weights.
+            ``(B, H, Tq, Tk)`` or None. A query row with no allowed key gets zero head
+            outputs (so ``out`` is ``out_proj``'s bias there) and zero weights.
         """
         key = query if key is None else key
         value = key if value is None else value
@@ -225,25 +235,26 @@ class MultiHeadAttention(nn.Module):
         return self._attend(q, k, v, mask, causal, need_weights, head_mask)
 
     def _project(self, query, key, value):
-        """Step 1: ``Q = query W^Q``, ``K = key W^K``, ``V = value W^V``, each cut into heads."""
+        """Step 1: ``Q = query W^Q``, ``K = key W^K``, ``V = value W^V``, cut into heads."""
         q = split_heads(self.q_proj(query), self.n_heads)       # (B, H, Tq, d_k)
         k = split_heads(self.k_proj(key), self.n_kv_heads)      # (B, H_kv, Tk, d_k)
         v = split_heads(self.v_proj(value), self.n_kv_heads)    # (B, H_kv, Tk, d_k)
         return q, k, v
 
     def _attend(self, q, k, v, mask, causal, need_weights, head_mask) -> MultiHeadOutput:
-        """Step 2: ``head_i = Attention(Q_i, K_i, V_i)`` per head, then ``Concat(...) W^O``."""
+        """Step 2: every ``head_i = Attention(Q_i, K_i, V_i)``, then ``Concat(...) W^O``."""
         group = self.n_heads // self.n_kv_heads
-        k, v = repeat_kv(k, group), repeat_kv(v, group)         # (B, H, Tk, d_k): GQA shares
+        k, v = repeat_kv(k, group), repeat_kv(v, group)  # (B, H, Tk, d_k): GQA shares
         if need_weights:
             res = attention_ref(q, k, v, mask=mask, causal=causal)
-            heads, weights = res.out, res.weights               # (B, H, Tq, d_k), (B, H, Tq, Tk)
+            heads, weights = res.out, res.weights  # (B, H, Tq, d_k), (B, H, Tq, Tk)
         else:
             heads = attention(q, k, v, mask=mask, causal=causal, backend=self.backend)
             weights = None
         if head_mask is not None:
             heads = heads * head_mask.to(heads.dtype)[:, None, None]   # zero = ablated head
-        return MultiHeadOutput(self.out_proj(merge_heads(heads)), weights)   # (B, Tq, d_model)
+        # (B, Tq, d_model)
+        return MultiHeadOutput(self.out_proj(merge_heads(heads)), weights)
 
     @classmethod
     def from_torch(cls, mha: nn.MultiheadAttention, *, backend: str = "auto") -> MultiHeadAttention:
