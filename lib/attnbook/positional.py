@@ -51,55 +51,72 @@ def _check_ladder(fn: str, d_model, base, dtype=None, device=None) -> tuple[int,
 
 
 def frequencies(d_model: int, *, base: float = 10000.0, device=None) -> torch.Tensor:
-    """The frequency ladder (chapter 06, eq-ch06-sinusoid): ``omega_i = base ** (-2 i / d_model)``.
+    """The frequency ladder ``omega_i = base ** (-2 i / d_model)`` (chapter 06).
+
+    From eq-ch06-sinusoid.
 
     Args: d_model (even), base (> 0; 10000 in Vaswani et al. and RoFormer).
-    Returns a float64 tensor ``(d_model / 2,)``, from ``omega_0 = 1`` down to ``base ** (-(d-2)/d)``.
+    Returns a float64 tensor ``(d_model / 2,)``, from ``omega_0 = 1`` down to
+    ``base ** (-(d-2)/d)``.
     """
     d_model, base, _ = _check_ladder("frequencies", d_model, base, device=device)
     i = torch.arange(d_model // 2, dtype=torch.float64, device=device)
     return base ** (-2.0 * i / d_model)  # (d/2,)
 
 
-def sinusoidal_encoding(n_positions: int, d_model: int, *, base: float = 10000.0, dtype=None,
-                        device=None) -> torch.Tensor:
-    """Sinusoidal positional encoding (chapter 06, eq-ch06-sinusoid; Vaswani et al. 2017, section 3.5).
+def sinusoidal_encoding(n_positions: int, d_model: int, *, base: float = 10000.0,
+                        dtype=None, device=None) -> torch.Tensor:
+    """Sinusoidal positional encoding (chapter 06, eq-ch06-sinusoid).
 
-    ``PE[p, 2i] = sin(p * omega_i)``, ``PE[p, 2i + 1] = cos(p * omega_i)``, interleaved as in
-    the paper (some codebases concatenate ``[sin | cos]`` halves instead: a fixed permutation).
+    From Vaswani et al. 2017, section 3.5.
+
+    ``PE[p, 2i] = sin(p * omega_i)``, ``PE[p, 2i + 1] = cos(p * omega_i)``, interleaved
+    as in the paper (some codebases concatenate ``[sin | cos]`` halves instead: a fixed
+    permutation).
 
     Args:
         n_positions: number of positions ``p = 0 .. n_positions - 1`` (>= 1).
         d_model: width of the encoding (even).
         base: the ladder's base (> 0).
-        dtype: output dtype (default ``torch.get_default_dtype()``); angles are computed in float64.
+        dtype: output dtype (default ``torch.get_default_dtype()``); angles are computed
+            in float64.
     Returns:
-        ``(n_positions, d_model)``; row p is the (row) vector ``PE(p)``, added to token embeddings.
+        ``(n_positions, d_model)``; row p is the (row) vector ``PE(p)``, added to token
+        embeddings.
     """
     n_positions = check_int("n_positions", n_positions, fn="sinusoidal_encoding")
-    d_model, base, dtype = _check_ladder("sinusoidal_encoding", d_model, base, dtype, device)
+    d_model, base, dtype = _check_ladder("sinusoidal_encoding", d_model, base, dtype,
+                                         device)
     omega = frequencies(d_model, base=base, device=device)  # (d/2,)
-    angle = torch.arange(n_positions, dtype=torch.float64, device=device)[:, None] * omega  # (P, d/2)
-    pe = torch.stack([angle.sin(), angle.cos()], dim=-1)  # (P, d/2, 2): (sin, cos) pairs
-    return pe.reshape(n_positions, d_model).to(dtype)  # (P, d): even dims sin, odd dims cos
+    positions = torch.arange(n_positions, dtype=torch.float64, device=device)
+    angle = positions[:, None] * omega  # (P, d/2)
+    # (P, d/2, 2): (sin, cos) pairs
+    pe = torch.stack([angle.sin(), angle.cos()], dim=-1)
+    # (P, d): even dims sin, odd dims cos
+    return pe.reshape(n_positions, d_model).to(dtype)
 
 
 def rotation_matrix(k: float, d_model: int, *, base: float = 10000.0, dtype=None,
                     device=None) -> torch.Tensor:
-    """The block-diagonal ``M_k`` with ``PE(p + k) = PE(p) M_k`` for every p (chapter 06, eq-ch06-rotation).
+    """The block-diagonal ``M_k`` with ``PE(p + k) = PE(p) M_k`` for all p (chapter 06).
 
-    Each 2x2 block acts on the pair ``(sin, cos)`` of frequency ``omega_i``; in the row-vector
-    convention it is ``[[cos k w, -sin k w], [sin k w, cos k w]]``, the transpose of the seed's
-    column form ``[[cos, sin], [-sin, cos]]``. It depends on the offset k only, never on p.
+    This is eq-ch06-rotation.
 
-    Args: k: the offset (any finite real, negative allowed); d_model (even); base; dtype.
-    Returns: ``(d_model, d_model)``, orthogonal, ``M_j @ M_k = M_{j + k}``.
+    Each 2x2 block acts on the pair ``(sin, cos)`` of frequency ``omega_i``; in the
+    row-vector convention it is ``[[cos k w, -sin k w], [sin k w, cos k w]]``, the
+    transpose of the seed's column form ``[[cos, sin], [-sin, cos]]``. It depends on the
+    offset k only, never on p.
+
+    Args: k: the offset (any finite real, negative allowed); d_model (even); base;
+    dtype. Returns: ``(d_model, d_model)``, orthogonal, ``M_j @ M_k = M_{j + k}``.
     """
     k = check_float("k", k, fn="rotation_matrix")
-    d_model, base, dtype = _check_ladder("rotation_matrix", d_model, base, dtype, device)
+    d_model, base, dtype = _check_ladder("rotation_matrix", d_model, base, dtype,
+                                         device)
     angle = k * frequencies(d_model, base=base, device=device)  # (d/2,)
     c, s = angle.cos(), angle.sin()
-    blocks = torch.stack([torch.stack([c, -s], -1), torch.stack([s, c], -1)], -2)  # (d/2, 2, 2)
+    # (d/2, 2, 2)
+    blocks = torch.stack([torch.stack([c, -s], -1), torch.stack([s, c], -1)], -2)
     return torch.block_diag(*blocks).to(dtype)  # (d, d)
 
 
@@ -116,25 +133,30 @@ def half_split_permutation(d_model: int) -> torch.Tensor:
 
 def apply_rope(x: torch.Tensor, positions=None, *, base: float = 10000.0,
                pairing: str = "interleaved") -> torch.Tensor:
-    """Rotary position embedding (chapter 06, eq-ch06-rope; Su et al. 2021, RoFormer, section 3).
+    """Rotary position embedding (chapter 06, eq-ch06-rope).
 
-    Rotates each pair of features of the vector at position m by the angle ``m * omega_i``:
-    ``(a, b) -> (a cos - b sin, a sin + b cos)``. Applied to queries and keys after their
-    projection (per head), never to values; then ``<R_m q, R_n k>`` depends on m and n only
-    through ``m - n``.
+    From Su et al. 2021, RoFormer, section 3.
+
+    Rotates each pair of features of the vector at position m by the angle
+    ``m * omega_i``: ``(a, b) -> (a cos - b sin, a sin + b cos)``. Applied to queries
+    and keys after their projection (per head), never to values; then ``<R_m q, R_n k>``
+    depends on m and n only through ``m - n``.
 
     Args:
         x: ``(..., T, D)`` floating, D even (e.g. ``(B, H, T, D)`` queries or keys).
-        positions: the position of each of the T rows, a tensor broadcastable to ``(..., T)``
-            (finite integers or floats, on x's device); default ``0 .. T - 1``.
+        positions: the position of each of the T rows, a tensor broadcastable to
+            ``(..., T)`` (finite integers or floats, on x's device); default
+            ``0 .. T - 1``.
         base: the ladder's base (10000 in RoFormer; larger in some long-context models).
         pairing: ``"interleaved"`` rotates ``(x_0, x_1), (x_2, x_3), ...`` (RoFormer);
-            ``"half"`` rotates ``(x_i, x_{i + D/2})`` (``rotate_half`` in GPT-NeoX and in
-            Hugging Face's LLaMA).
+            ``"half"`` rotates ``(x_i, x_{i + D/2})`` (``rotate_half`` in GPT-NeoX and
+            in Hugging Face's LLaMA).
     Returns:
-        A tensor like ``x``; norms are preserved. Angles are computed in float64, then cast.
+        A tensor like ``x``; norms are preserved. Angles are computed in float64, then
+        cast.
     """
-    positions = _check_apply_rope(x, positions, base, pairing)  # default positions: 0 .. T - 1
+    # default positions: 0 .. T - 1
+    positions = _check_apply_rope(x, positions, base, pairing)
     d = x.shape[-1]
     omega = frequencies(d, base=base, device=x.device)  # (D/2,)
     angle = positions.to(torch.float64)[..., None] * omega  # (..., T, D/2)
@@ -176,20 +198,25 @@ def _check_apply_rope(x, positions, base, pairing) -> torch.Tensor:
 
 
 def alibi_slopes(n_heads: int, *, dtype=None, device=None) -> torch.Tensor:
-    """ALiBi's fixed, head-specific slopes (chapter 06, eq-ch06-alibi; Press et al. 2022, section 3).
+    """ALiBi's fixed, head-specific slopes (chapter 06, eq-ch06-alibi).
 
-    For ``h`` a power of two: the geometric sequence with start and ratio ``2 ** (-8 / h)``,
-    e.g. h = 8 gives 1/2, 1/4, ..., 1/256. Otherwise (the authors' reference code): the slopes of
-    the largest power of two ``c < h``, then every other slope of ``2c`` (``2c``'s slopes at
-    0-based indices 0, 2, 4, ...), the first ``h - c`` of them.
+    From Press et al. 2022, section 3.
+
+    For ``h`` a power of two: the geometric sequence with start and ratio
+    ``2 ** (-8 / h)``, e.g. h = 8 gives 1/2, 1/4, ..., 1/256. Otherwise (the authors'
+    reference code): the slopes of the largest power of two ``c < h``, then every other
+    slope of ``2c`` (``2c``'s slopes at 0-based indices 0, 2, 4, ...), the first
+    ``h - c`` of them.
 
     Returns ``(n_heads,)``, all in (0, 1), computed in float64 and cast to ``dtype``.
     """
     n_heads, dtype = _check_alibi("alibi_slopes", n_heads, dtype, device)
 
     def power_of_two(h: int) -> list[float]:
-        start = 2.0 ** (-(2.0 ** -(math.log2(h) - 3)))  # = 2 ** (-8 / h), as in the reference code
-        return [start * start**i for i in range(h)]  # start, start * ratio, ... with ratio = start
+        # = 2 ** (-8 / h), as in the reference code
+        start = 2.0 ** (-(2.0 ** -(math.log2(h) - 3)))
+        # start, start * ratio, ... with ratio = start
+        return [start * start**i for i in range(h)]
 
     c = 1 << (n_heads.bit_length() - 1)  # largest power of two <= n_heads
     slopes = power_of_two(c)
@@ -198,31 +225,38 @@ def alibi_slopes(n_heads: int, *, dtype=None, device=None) -> torch.Tensor:
     return torch.tensor(slopes, dtype=torch.float64, device=device).to(dtype)
 
 
-def alibi_bias(n_heads: int, tq: int, tk: int | None = None, *, symmetric: bool = False, dtype=None,
-               device=None) -> torch.Tensor:
-    """ALiBi as an additive float mask for :func:`attnbook.attention` (chapter 06, eq-ch06-alibi).
+def alibi_bias(n_heads: int, tq: int, tk: int | None = None, *, symmetric: bool = False,
+               dtype=None, device=None) -> torch.Tensor:
+    """ALiBi as an additive float mask for :func:`attnbook.attention` (chapter 06).
+
+    This is eq-ch06-alibi.
 
     ``bias[h, i, j] = -m_h * (i - j)`` for keys at or before the query (``j <= i``), the
-    *penalty* of Press et al. (distant keys lose score). ALiBi was defined for causal language
-    models, so keys after the query get ``-inf``: the bias already contains the causal mask
-    (top-left aligned when ``tq != tk``, like ``causal_mask``), and passing ``causal=True`` as well
-    changes nothing. ``symmetric=True`` is an *extension* for bidirectional attention, not in the
-    paper: ``-m_h * |i - j|`` for every key, no mask.
+    *penalty* of Press et al. (distant keys lose score). ALiBi was defined for causal
+    language models, so keys after the query get ``-inf``: the bias already contains the
+    causal mask (top-left aligned when ``tq != tk``, like ``causal_mask``), and passing
+    ``causal=True`` as well changes nothing. ``symmetric=True`` is an *extension* for
+    bidirectional attention, not in the paper: ``-m_h * |i - j|`` for every key, no
+    mask.
 
-    The bias is added after the ``1/sqrt(D)`` scaling (that is where ``attention`` adds masks).
+    The bias is added after the ``1/sqrt(D)`` scaling (that is where ``attention`` adds
+    masks).
 
     Args: n_heads, tq, tk (default tq); symmetric; dtype (default the default dtype).
-    Returns: ``(n_heads, tq, tk)``; broadcasts against ``(B, H, Tq, Tk)`` scores (for 2-D
-    single-head inputs ``(T, D)`` pass ``alibi_bias(1, T)[0]``).
+    Returns: ``(n_heads, tq, tk)``; broadcasts against ``(B, H, Tq, Tk)`` scores (for
+    2-D single-head inputs ``(T, D)`` pass ``alibi_bias(1, T)[0]``).
     """
     n_heads, dtype = _check_alibi("alibi_bias", n_heads, dtype, device)
     tq, tk, symmetric = _check_alibi_bias(tq, tk, symmetric)
     i = torch.arange(tq, dtype=torch.float64, device=device)[:, None]
     j = torch.arange(tk, dtype=torch.float64, device=device)[None, :]
-    m = alibi_slopes(n_heads, dtype=torch.float64, device=device)[:, None, None]  # (H, 1, 1)
+    # (H, 1, 1)
+    m = alibi_slopes(n_heads, dtype=torch.float64, device=device)[:, None, None]
     if symmetric:
-        return (m * -(i - j).abs() + 0.0).to(dtype)  # (H, Tq, Tk); + 0.0 turns -0.0 into 0.0
-    bias = (m * (j - i)).masked_fill(j > i, -math.inf)  # -m (i - j); (H, Tq, Tk), future blocked
+        # (H, Tq, Tk); + 0.0 turns -0.0 into 0.0
+        return (m * -(i - j).abs() + 0.0).to(dtype)
+    # -m (i - j); (H, Tq, Tk), future blocked
+    bias = (m * (j - i)).masked_fill(j > i, -math.inf)
     return bias.to(dtype)
 
 
