@@ -130,11 +130,13 @@ def additive_scores(
 # ---------------------------------------------------------------------------------------------
 
 def causal_mask(tq: int, tk: int | None = None, *, device=None) -> torch.Tensor:
-    """Causal mask (chapter 04, eq-ch04-causal-mask): query i may attend key j iff ``j <= i``.
+    """Causal mask (chapter 04, eq-ch04-causal-mask): query i may see key j iff j <= i.
 
-    Top-left aligned when ``tq != tk``, like ``scaled_dot_product_attention(is_causal=True)``.
+    Top-left aligned when ``tq != tk``, like
+    ``scaled_dot_product_attention(is_causal=True)``.
 
-    Args: tq, tk (default ``tq``), both >= 0.  Returns a bool tensor ``(tq, tk)``, True = may attend.
+    Args: tq, tk (default ``tq``), both >= 0.  Returns a bool tensor ``(tq, tk)``,
+    True = may attend.
     """
     tq, tk = _check_causal_mask(tq, tk, device)
     return torch.ones(tq, tk, dtype=torch.bool, device=device).tril()
@@ -147,10 +149,11 @@ def _check_causal_mask(tq, tk, device) -> tuple[int, int]:
 
 
 def padding_mask(lengths, t: int) -> torch.Tensor:
-    """Key-padding mask (chapter 04): key j of sequence b is real iff ``j < lengths[b]``.
+    """Key-padding mask (chapter 04): key j of sequence b is real iff j < lengths[b].
 
-    Args: lengths: ints or a 1-D integer tensor ``(B,)`` with ``0 <= lengths[b] <= t``; t: padded length.
-    Returns a bool tensor ``(B, 1, 1, t)`` that broadcasts against ``(B, H, Tq, Tk)``.
+    Args: lengths: ints or a 1-D integer tensor ``(B,)`` with ``0 <= lengths[b] <= t``;
+    t: padded length. Returns a bool tensor ``(B, 1, 1, t)`` that broadcasts against
+    ``(B, H, Tq, Tk)``.
     """
     lengths, t = _check_padding_mask(lengths, t)
     keep = torch.arange(t, device=lengths.device) < lengths[:, None]  # (B, t)
@@ -187,17 +190,21 @@ def mask_to_additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Ten
 
 
 def masked_softmax(scores: torch.Tensor) -> torch.Tensor:
-    """Row softmax that returns zeros for rows whose scores are all ``-inf`` (chapter 04, eq-ch04-softmax).
+    """Row softmax giving zeros for rows whose scores are all ``-inf`` (chapter 04).
 
-    A hand-written ``exp(s - max) / sum`` gives 0/0 = NaN on such rows; here the row max is
-    replaced by 0 where it is -inf, so every exp is 0 and the denominator is clamped.
-    Args: scores, floating ``(..., N)``.  Returns ``(..., N)`` in the same dtype (N = 0: empty).
+    This is eq-ch04-softmax. A hand-written ``exp(s - max) / sum`` gives 0/0 = NaN on
+    such rows; here the row max is replaced by 0 where it is -inf, so every exp is 0 and
+    the denominator is clamped.
+    Args: scores, floating ``(..., N)``.  Returns ``(..., N)`` in the same dtype
+    (N = 0: empty).
     """
     check_tensor("scores", scores, fn="masked_softmax", min_ndim=1)
-    if scores.shape[-1] == 0:  # no key at all: nothing to normalise (and amax would raise)
+    # no key at all: nothing to normalise (and amax would raise)
+    if scores.shape[-1] == 0:
         return scores.clone()
     m = scores.amax(dim=-1, keepdim=True)
-    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)  # fully masked row: avoid -inf - -inf
+    # fully masked row: avoid -inf - -inf
+    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
     p = torch.exp(scores - m)
     denom = p.sum(dim=-1, keepdim=True)
     return p / torch.where(denom == 0, torch.ones_like(denom), denom)
@@ -250,34 +257,44 @@ def propagate_nonfinite(out, v, visible):
 def attention_ref(q, k, v, *, mask=None, causal=False, scale=None):
     """Scaled dot-product attention, materialised (chapter 04, eq-ch04-attention).
 
-    ``out = softmax(Q K^T * scale + M) V`` where M is 0 / -inf from ``mask`` and ``causal``.
-    Computed in the input dtype (use float64 inputs for a high-precision reference).
+    ``out = softmax(Q K^T * scale + M) V`` where M is 0 / -inf from ``mask`` and
+    ``causal``. Computed in the input dtype (use float64 inputs for a high-precision
+    reference).
 
     Args:
         q: ``(..., Tq, D)``; k: ``(..., Tk, D)``; v: ``(..., Tk, Dv)``.
-        mask: bool (True = may attend) or additive float, broadcastable to ``(..., Tq, Tk)``.
+        mask: bool (True = may attend) or additive float, broadcastable to
+            ``(..., Tq, Tk)``.
         causal: also forbid key j > query i (top-left aligned).
         scale: softmax scale, default ``1/sqrt(D)``.
     Returns:
         :class:`AttentionResult` ``(out, lse, weights)``: ``out (..., Tq, Dv)``, the row
-        log-sum-exp ``lse (..., Tq)`` and ``weights (..., Tq, Tk)``. A row with no allowed key
-        has ``out = 0``, ``weights = 0`` and ``lse = -inf``. A key the mask hides never reaches
-        the output, even if its k or v holds NaN / inf (padding garbage).
+        log-sum-exp ``lse (..., Tq)`` and ``weights (..., Tq, Tk)``. A row with no
+        allowed key has ``out = 0``, ``weights = 0`` and ``lse = -inf``. A key the mask
+        hides never reaches the output, even if its k or v holds NaN / inf (padding
+        garbage).
         Arguments are validated by ``@attention_kernel``, which also resolves ``scale``.
     """
     tq, tk = q.shape[-2], k.shape[-2]
-    # Scale q first: the unscaled Q K^T is 1/scale (sqrt(D)) times the logits and overflows float16's 65504
-    # (-> inf -> NaN in the softmax) while logits of ~1e4 still fit.
+    # Scale q first: the unscaled Q K^T is 1/scale (sqrt(D)) times the logits and
+    # overflows float16's 65504 (-> inf -> NaN in the softmax) while logits of ~1e4
+    # still fit.
     scores = (q * scale) @ k.transpose(-2, -1)  # (..., Tq, Tk)
     if mask is not None and mask.dtype != torch.bool:
         scores = scores + mask.to(scores.dtype)  # additive (float) mask
     visible = visible_keys(mask, causal, tq, tk, device=q.device)  # (..., Tq, Tk)
-    # masked_fill, not "+ (-inf)": a hidden key whose k holds NaN must give -inf, not NaN + -inf = NaN.
+    # masked_fill, not "+ (-inf)": a hidden key whose k holds NaN must give -inf, not
+    # NaN + -inf = NaN.
     scores = scores.masked_fill(~visible, float("-inf"))
     weights = masked_softmax(scores)  # (..., Tq, Tk)
-    # detached before the reduction: logsumexp would otherwise keep the scores for a backward
-    lse = torch.logsumexp(scores.detach(), dim=-1) if tk else scores.new_full(scores.shape[:-1], float("-inf"))
+    # detached before the reduction: logsumexp would otherwise keep the scores for
+    # a backward
+    if tk:
+        lse = torch.logsumexp(scores.detach(), dim=-1)
+    else:
+        lse = scores.new_full(scores.shape[:-1], float("-inf"))
     if not has_nonfinite(v):
         return AttentionResult(weights @ v, lse, weights)  # (..., Tq, Dv)
-    out = weights @ v.masked_fill(~torch.isfinite(v.detach()), 0.0)  # hidden keys: weight 0 times 0, not 0 * NaN
+    # hidden keys: weight 0 times 0, not 0 * NaN
+    out = weights @ v.masked_fill(~torch.isfinite(v.detach()), 0.0)
     return AttentionResult(propagate_nonfinite(out, v, visible), lse, weights)
