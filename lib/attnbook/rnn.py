@@ -138,16 +138,17 @@ class SimpleRNN(nn.Module):
             x: inputs (B, T, d_in), batch first.
             h0: initial state (B, d_h); zeros when None.
         Returns:
-            ``RNNOutput(h, z)``, both (B, T, d_h): ``h[:, t-1] = h_t`` and ``z[:, t-1] = z_t``.
+            ``RNNOutput(h, z)``, both (B, T, d_h): ``h[:, t-1] = h_t`` and
+            ``z[:, t-1] = z_t``.
         """
         h = self._check_forward(x, h0)                       # h_0: h0, or zeros (B, d_h)
         batch, steps = x.shape[0], x.shape[1]
-        xw = x @ self.W_xh                                   # (B, T, d_h): input terms of every step
+        xw = x @ self.W_xh  # (B, T, d_h): input terms of every step
         if self.b is not None:
             xw = xw + self.b
         hs, zs = [], []
         for t in range(steps):
-            z = xw[:, t] + h @ self.W_hh                     # z_t = x_t W_xh + b + h_{t-1} W_hh
+            z = xw[:, t] + h @ self.W_hh  # z_t = x_t W_xh + b + h_{t-1} W_hh
             h = self.activation(z)                           # h_t = sigma(z_t)
             zs.append(z)
             hs.append(h)
@@ -175,16 +176,17 @@ class SimpleRNN(nn.Module):
 
     @classmethod
     def from_torch(cls, rnn: nn.RNN) -> "SimpleRNN":
-        """A SimpleRNN computing exactly what a one-layer, unidirectional ``torch.nn.RNN`` computes.
+        """A SimpleRNN computing exactly what a one-layer, one-way ``nn.RNN`` computes.
 
-        ``W_xh = weight_ih_l0.T``, ``W_hh = weight_hh_l0.T``, ``b = bias_ih_l0 + bias_hh_l0`` (the
-        weights are copied; the two are independent afterwards). ``nn.RNN`` with
-        ``batch_first=False`` takes (T, B, d_in); this class always takes (B, T, d_in).
+        ``W_xh = weight_ih_l0.T``, ``W_hh = weight_hh_l0.T``,
+        ``b = bias_ih_l0 + bias_hh_l0`` (the weights are copied; the two are independent
+        afterwards). ``nn.RNN`` with ``batch_first=False`` takes (T, B, d_in); this
+        class always takes (B, T, d_in).
         """
         _check_from_torch(rnn)
         w_ih, w_hh = rnn.weight_ih_l0.detach(), rnn.weight_hh_l0.detach()
-        model = cls(rnn.input_size, rnn.hidden_size, nonlinearity=rnn.nonlinearity, bias=rnn.bias,
-                    dtype=w_hh.dtype, device=w_hh.device)
+        model = cls(rnn.input_size, rnn.hidden_size, nonlinearity=rnn.nonlinearity,
+                    bias=rnn.bias, dtype=w_hh.dtype, device=w_hh.device)
         with torch.no_grad():
             model.W_xh.copy_(w_ih.T)                         # weight_ih_l0 = W_xh^T
             model.W_hh.copy_(w_hh.T)                         # weight_hh_l0 = W_hh^T
@@ -206,9 +208,12 @@ def _check_from_torch(rnn) -> None:
 
 
 def step_jacobians(rnn: SimpleRNN, z: torch.Tensor) -> torch.Tensor:
-    """Per-step Jacobians J_t = d h_t / d h_{t-1} = diag(sigma'(z_t)) W_hh^T (chapter 01, eq-ch01-step).
+    """Per-step Jacobians J_t = d h_t/d h_{t-1} = diag(sigma'(z_t)) W_hh^T (chapter 01).
 
-    Numerator layout: ``J_t[a, b] = d h_t[a] / d h_{t-1}[b] = sigma'(z_t[a]) W_hh[b, a]``.
+    This is eq-ch01-step.
+
+    Numerator layout:
+    ``J_t[a, b] = d h_t[a] / d h_{t-1}[b] = sigma'(z_t[a]) W_hh[b, a]``.
 
     Args:
         rnn: the SimpleRNN whose ``W_hh`` and nonlinearity are used.
@@ -217,8 +222,10 @@ def step_jacobians(rnn: SimpleRNN, z: torch.Tensor) -> torch.Tensor:
         factors (..., T, d_h, d_h) with ``factors[..., t-1, :, :] = J_t``.
     """
     _check_step_jacobians(rnn, z)
-    d = activation_derivative(z, rnn.nonlinearity)         # (..., T, d_h): the diagonal of diag(sigma'(z_t))
-    return d[..., :, None] * rnn.W_hh.T                    # row a scaled by sigma'(z_t[a]): diag(d) W_hh^T
+    # (..., T, d_h): the diagonal of diag(sigma'(z_t))
+    d = activation_derivative(z, rnn.nonlinearity)
+    # row a scaled by sigma'(z_t[a]): diag(d) W_hh^T
+    return d[..., :, None] * rnn.W_hh.T
 
 
 def _check_step_jacobians(rnn, z) -> None:
@@ -240,11 +247,15 @@ def _check_factors(fn: str, factors) -> None:
 
 
 def jacobian_product(factors: torch.Tensor, t: int, k: int) -> torch.Tensor:
-    """d h_t / d h_k = J_t J_{t-1} ... J_{k+1}, latest step on the left (chapter 01, eq-ch01-full).
+    """d h_t / d h_k = J_t J_{t-1} ... J_{k+1}, latest step on the left (chapter 01).
+
+    This is eq-ch01-full.
 
     Args:
-        factors: (..., T, d_h, d_h) from :func:`step_jacobians` (``factors[..., j-1] = J_j``).
-        t, k: time steps with 0 <= k <= t <= T (h_0 is the initial state); t == k gives I.
+        factors: (..., T, d_h, d_h) from :func:`step_jacobians`
+            (``factors[..., j-1] = J_j``).
+        t, k: time steps with 0 <= k <= t <= T (h_0 is the initial state);
+            t == k gives I.
     Returns:
         (..., d_h, d_h).
     """
@@ -253,7 +264,8 @@ def jacobian_product(factors: torch.Tensor, t: int, k: int) -> torch.Tensor:
     eye = torch.eye(d, dtype=factors.dtype, device=factors.device)
     out = eye.expand(*factors.shape[:-3], d, d).clone()
     for j in range(k + 1, t + 1):
-        out = factors[..., j - 1, :, :] @ out              # P <- J_j P: each newer step multiplies on the left
+        # P <- J_j P: each newer step multiplies on the left
+        out = factors[..., j - 1, :, :] @ out
     return out
 
 
@@ -318,20 +330,24 @@ def _check_clip(fn: str, parameters, threshold) -> tuple[float, list[torch.Tenso
 
 @torch.no_grad()
 def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
-    """Rescale all gradients together when their global L2 norm exceeds ``max_norm`` (chapter 01, eq-ch01-clip).
+    """Rescale all gradients together when their global L2 norm exceeds ``max_norm``.
+
+    Chapter 01, eq-ch01-clip.
 
     The global norm is taken over every gradient concatenated into one vector,
 
         N = sqrt(sum_p ||g_p||^2),        g_p <- g_p * min(1, max_norm / (N + 1e-6)),
 
-    exactly as ``torch.nn.utils.clip_grad_norm_`` (PyTorch 2.x, ``torch/nn/utils/clip_grad.py``):
-    the 1e-6 guards against N = 0, leaves a clipped norm of ``max_norm * N / (N + 1e-6)``, just
-    under ``max_norm``, and also rescales (slightly) when ``max_norm - 1e-6 < N <= max_norm``.
-    Pascanu et al. (2013, Alg. 1) rescale to exactly the threshold when ``N >= threshold``.
-    Every gradient is scaled by the same factor, so the direction of the whole gradient is kept.
+    exactly as ``torch.nn.utils.clip_grad_norm_`` (PyTorch 2.x,
+    ``torch/nn/utils/clip_grad.py``): the 1e-6 guards against N = 0, leaves a clipped
+    norm of ``max_norm * N / (N + 1e-6)``, just under ``max_norm``, and also rescales
+    (slightly) when ``max_norm - 1e-6 < N <= max_norm``. Pascanu et al. (2013, Alg. 1)
+    rescale to exactly the threshold when ``N >= threshold``. Every gradient is scaled
+    by the same factor, so the direction of the whole gradient is kept.
 
     Args:
-        parameters: a tensor or an iterable of tensors; those whose ``.grad`` is None are skipped.
+        parameters: a tensor or an iterable of tensors; those whose ``.grad`` is None
+            are skipped.
         max_norm: the threshold tau > 0.
     Returns:
         the global norm N **before** clipping (a 0-dim tensor), like PyTorch.
@@ -339,9 +355,10 @@ def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
     max_norm, grads = _check_clip("clip_grad_norm", parameters, max_norm)
     if not grads:
         return torch.tensor(0.0)
-    norms = [torch.linalg.vector_norm(g, 2) for g in grads]              # ||g_p|| per tensor
-    total = torch.linalg.vector_norm(torch.stack([n.to(grads[0].device) for n in norms]), 2)  # N
-    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)              # min(1, tau / (N + 1e-6))
+    norms = [torch.linalg.vector_norm(g, 2) for g in grads]  # ||g_p|| per tensor
+    device = grads[0].device
+    total = torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]), 2)  # N
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)  # min(1, tau / (N + 1e-6))
     for g in grads:
         g.mul_(coef.to(g.device))
     return total
