@@ -104,27 +104,32 @@ def _check_pad_id(fn: str, pad_id, vocab_size: int) -> int:
 # ---------------------------------------------------------------------------------------------
 
 class AttentionScore(nn.Module):
-    """Step 1 of the three steps: a score for every query s_t and key h_j (chapter 03, eq-ch03-dot,
-    eq-ch03-scaled, eq-ch03-general, eq-ch03-additive).
+    """Step 1 of the three steps: a score for every query s_t and key h_j (chapter 03).
+
+    The scores are eq-ch03-dot, eq-ch03-scaled, eq-ch03-general and eq-ch03-additive.
 
     ``kind`` picks one of the library's score functions (no second implementation here):
     ``"dot"``: ``s . h`` (needs ``d_query == d_key``, no parameters); ``"scaled_dot"``:
-    ``s . h / sqrt(d)``; ``"general"``: ``s W_a h^T`` with ``W_a (d_query, d_key)`` (Luong);
-    ``"additive"``: ``v_a . tanh(s W_q + h W_k)`` with ``W_q (d_query, d_attn)``,
-    ``W_k (d_key, d_attn)``, ``v_a (d_attn,)`` (Bahdanau; Luong's "concat"), bounded by
-    ``||v_a||_1``. Row-vector convention: ``s W_q`` multiplies on the right.
+    ``s . h / sqrt(d)``; ``"general"``: ``s W_a h^T`` with ``W_a (d_query, d_key)``
+    (Luong); ``"additive"``: ``v_a . tanh(s W_q + h W_k)`` with
+    ``W_q (d_query, d_attn)``, ``W_k (d_key, d_attn)``, ``v_a (d_attn,)`` (Bahdanau;
+    Luong's "concat"), bounded by ``||v_a||_1``. Row-vector convention: ``s W_q``
+    multiplies on the right.
 
-    Forward: query ``(..., Tq, d_query)``, keys ``(..., Tk, d_key)`` -> scores ``(..., Tq, Tk)``.
+    Forward: query ``(..., Tq, d_query)``, keys ``(..., Tk, d_key)`` -> scores
+    ``(..., Tq, Tk)``.
     """
 
-    def __init__(self, kind: str, d_query: int, d_key: int, *, d_attn: int | None = None):
+    def __init__(self, kind: str, d_query: int, d_key: int, *,
+                 d_attn: int | None = None):
         super().__init__()
         self.kind, self.d_query, self.d_key, self.d_attn = _check_attention_score(
             kind, d_query, d_key, d_attn)
         if kind == "general":
             self.weight = nn.Parameter(torch.randn(d_query, d_key) / math.sqrt(d_key))
         elif kind == "additive":
-            self.w_q = nn.Parameter(torch.randn(d_query, self.d_attn) / math.sqrt(d_query))
+            self.w_q = nn.Parameter(torch.randn(d_query, self.d_attn)
+                                    / math.sqrt(d_query))
             self.w_k = nn.Parameter(torch.randn(d_key, self.d_attn) / math.sqrt(d_key))
             self.v_a = nn.Parameter(torch.randn(self.d_attn) / math.sqrt(self.d_attn))
 
@@ -345,17 +350,21 @@ class Seq2Seq(_Seq2SeqBase):
 
     def decode(self, tgt_in: torch.Tensor, enc: EncoderOutput, *,
                s0: torch.Tensor | None = None) -> Seq2SeqOutput:
-        """Decoder given the encoder's output; ``s0`` overrides ``tanh(W_init c)`` if given."""
+        """Decoder given the encoder's output.
+
+        ``s0``, if given, overrides ``tanh(W_init c)``.
+        """
         self._check_decode(tgt_in, enc, s0=s0)
         c = enc.summary                                            # (B, d_hidden)
         s0 = torch.tanh(self.init(c)) if s0 is None else s0       # s_0 = tanh(W_init c)
         e = self.embed(tgt_in)                                     # (B, T, d_emb)
         c_all = c[:, None].expand(-1, tgt_in.shape[1], -1)         # (B, T, d_hidden)
         if self.context == "every_step":
-            s, _ = self.rnn(torch.cat([e, c_all], -1), s0[None].contiguous())  # s_t = f(s, y, c)
+            # s_t = f(s, y, c)
+            s, _ = self.rnn(torch.cat([e, c_all], -1), s0[None].contiguous())
             logits = self.out(torch.cat([s, e, c_all], -1))        # g(s_t, y_{t-1}, c)
         else:
-            s, _ = self.rnn(e, s0[None].contiguous())              # s_t = f(s_{t-1}, y_{t-1})
+            s, _ = self.rnn(e, s0[None].contiguous())  # s_t = f(s_{t-1}, y_{t-1})
             logits = self.out(s)                                   # softmax(W_o s_t)
         states = torch.cat([s0[:, None], s], 1)                    # (B, T + 1, d_hidden)
         return Seq2SeqOutput(logits, None, states, c_all)
@@ -432,23 +441,28 @@ class AttentionSeq2Seq(_Seq2SeqBase):
 
     def attend(self, query: torch.Tensor, enc: EncoderOutput, *,
                temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-        """The three steps (chapter 03, eq-ch03-softmax, eq-ch03-context) for queries ``(B, Tq, d_hidden)``.
+        """The three steps for queries ``(B, Tq, d_hidden)`` (chapter 03).
+
+        These are eq-ch03-softmax and eq-ch03-context:
 
         1. ``e = score(query, memory)``; PAD keys -> ``-inf``;
-        2. ``alpha = masked_softmax(e / temperature)`` (exactly 0 on PAD, > 0 elsewhere), computed
-           as ``softmax((e - max e) / T)``, the same by shift invariance: the best key's logit is then
-           exactly 0 for every T, so T -> 0 gives hard attention (uniform over tied best keys) and not
-           inf - inf = NaN. A T below ``torch.finfo(dtype).tiny`` acts as that number (``0 / T`` is
-           never ``0 / 0``); every key not within ~100 tiny of the best score then gets weight 0;
+        2. ``alpha = masked_softmax(e / temperature)`` (exactly 0 on PAD, > 0 elsewhere),
+           computed as ``softmax((e - max e) / T)``, the same by shift invariance: the
+           best key's logit is then exactly 0 for every T, so T -> 0 gives hard attention
+           (uniform over tied best keys) and not inf - inf = NaN. A T below
+           ``torch.finfo(dtype).tiny`` acts as that number (``0 / T`` is never
+           ``0 / 0``); every key not within ~100 tiny of the best score then gets
+           weight 0;
         3. ``c = alpha H`` (weighted sum of the encoder states).
         Returns ``(contexts (B, Tq, D_k), weights (B, Tq, S))``.
         """
         temperature = self._check_attend(query, enc, temperature)
         scores = self.score(query, enc.memory)                            # (B, Tq, S)
         scores = scores.masked_fill(~enc.mask[:, None, :], float("-inf"))
-        # softmax(e / T) = softmax((e - max e) / T): the best key's logit is then exactly 0 however
-        # small T is (T -> 0 is hard attention; e / T alone would give inf - inf = NaN)
-        shifted = scores - scores.amax(-1, keepdim=True).detach()  # a constant shift: no gradient
+        # softmax(e / T) = softmax((e - max e) / T): the best key's logit is then
+        # exactly 0 however small T is (T -> 0 is hard attention; e / T alone would give
+        # inf - inf = NaN); the shift is a constant: no gradient
+        shifted = scores - scores.amax(-1, keepdim=True).detach()
         weights = masked_softmax(shifted / temperature)
         return weights @ enc.memory, weights                              # (B, Tq, D_k)
 
@@ -474,7 +488,8 @@ class AttentionSeq2Seq(_Seq2SeqBase):
         if self.flow == "bahdanau":
             states, contexts, weights = [s], [], []
             for t in range(tgt_in.shape[1]):
-                c, a = self.attend(s[:, None], enc, temperature=temperature)  # query s_{t-1}
+                # query s_{t-1}
+                c, a = self.attend(s[:, None], enc, temperature=temperature)
                 s = self.cell(torch.cat([e[:, t], c[:, 0]], -1), s)           # s_t
                 states.append(s)
                 contexts.append(c[:, 0])
@@ -483,15 +498,17 @@ class AttentionSeq2Seq(_Seq2SeqBase):
             logits = self.out(torch.cat([states[:, 1:], e, contexts], -1))
             return Seq2SeqOutput(logits, torch.stack(weights, 1), states, contexts)
         if not self.input_feeding:
-            s_all, _ = self.rnn(e, s[None].contiguous())           # s_1..s_T: (B, T, d_hidden)
-            contexts, weights = self.attend(s_all, enc, temperature=temperature)  # query s_t
+            s_all, _ = self.rnn(e, s[None].contiguous())  # s_1..s_T: (B, T, d_hidden)
+            # query s_t
+            contexts, weights = self.attend(s_all, enc, temperature=temperature)
             h_tilde = torch.tanh(self.combine(torch.cat([contexts, s_all], -1)))  # h~_t
             states = torch.cat([s[:, None], s_all], 1)
             return Seq2SeqOutput(self.out(h_tilde), weights, states, contexts)
         h_tilde = torch.zeros_like(s)                              # h~_0 = 0
         states, contexts, weights, tildes = [s], [], [], []
         for t in range(tgt_in.shape[1]):
-            s = self.cell(torch.cat([e[:, t], h_tilde], -1), s)    # s_t = f(s_{t-1}, [y; h~])
+            # s_t = f(s_{t-1}, [y; h~])
+            s = self.cell(torch.cat([e[:, t], h_tilde], -1), s)
             c, a = self.attend(s[:, None], enc, temperature=temperature)  # query s_t
             h_tilde = torch.tanh(self.combine(torch.cat([c[:, 0], s], -1)))
             states.append(s)
