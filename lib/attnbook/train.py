@@ -238,38 +238,43 @@ def fit(model: torch.nn.Module, batches, *, loss_fn: Callable, steps: int | None
     return hist
 
 
-def token_cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, pad_id: int = PAD_ID) -> torch.Tensor:
-    """Teacher-forced loss: mean cross-entropy over the non-PAD target tokens (chapter 02).
+def token_cross_entropy(logits: torch.Tensor, target: torch.Tensor, *,
+                        pad_id: int = PAD_ID) -> torch.Tensor:
+    """Teacher-forced loss: mean cross-entropy over non-PAD target tokens (chapter 02).
 
-    Equals the summed negative log-likelihood of the real tokens divided by their count (NaN
-    when there is none, as ``F.cross_entropy(ignore_index=pad_id)``; module docstring).
-    Args: logits ``(B, T, V)``; target ``(B, T)`` long ids. Returns a scalar tensor.
+    Equals the summed negative log-likelihood of the real tokens divided by their count
+    (NaN when there is none, as ``F.cross_entropy(ignore_index=pad_id)``; module
+    docstring). Args: logits ``(B, T, V)``; target ``(B, T)`` long ids. Returns a scalar
+    tensor.
     """
     _check_loss("token_cross_entropy", logits, target, pad_id, min_ndim=3)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=pad_id)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
+                           ignore_index=pad_id)
 
 
 def label_smoothed_cross_entropy(logits: torch.Tensor, target: torch.Tensor, *,
                                  smoothing: float, pad_id: int = 0) -> torch.Tensor:
-    """Cross-entropy against the smoothed target (1 - eps) onehot(y) + eps / V (chapter 10).
+    """Cross-entropy against a smoothed target (1 - eps) onehot(y) + eps/V (chapter 10).
 
     loss = mean over non-PAD positions of
            (1 - eps) (-log p_y) + (eps / V) sum_c (-log p_c),
-    the definition of Szegedy et al. 2016 and of ``F.cross_entropy(label_smoothing=eps)``:
-    every one of the V classes, the true one and PAD included, gets eps / V.
-    ``eps = 0`` is :func:`token_cross_entropy` (NaN for a target with no real token, as both).
+    the definition of Szegedy et al. 2016 and of
+    ``F.cross_entropy(label_smoothing=eps)``: every one of the V classes, the true one
+    and PAD included, gets eps / V. ``eps = 0`` is :func:`token_cross_entropy` (NaN for
+    a target with no real token, as both).
 
-    Args: logits ``(..., V)``; target ``logits.shape[:-1]`` long; smoothing eps in [0, 1]; pad_id.
-    Returns a scalar tensor.
+    Args: logits ``(..., V)``; target ``logits.shape[:-1]`` long; smoothing eps in
+    [0, 1]; pad_id. Returns a scalar tensor.
     """
     eps = _check_smoothed(logits, target, smoothing, pad_id)
     logp = F.log_softmax(logits, dim=-1)                           # (..., V)
     real = target != pad_id
-    y = target.masked_fill(~real, 0)                               # any id < V where PAD sits
+    y = target.masked_fill(~real, 0)  # any id < V where PAD sits
     nll = -logp.gather(-1, y.unsqueeze(-1)).squeeze(-1)            # -log p_y
-    uniform = -logp.mean(-1)                                       # (1/V) sum_c -log p_c
-    loss = (1 - eps) * nll + (eps * uniform if eps else 0.0)      # eps = 0: no -inf logit counts
-    return loss[real].sum() / real.sum()                           # 0/0 = NaN without real tokens
+    uniform = -logp.mean(-1)  # (1/V) sum_c -log p_c
+    # eps = 0: no -inf logit counts
+    loss = (1 - eps) * nll + (eps * uniform if eps else 0.0)
+    return loss[real].sum() / real.sum()  # 0/0 = NaN without real tokens
 
 
 def vaswani_lr(step: int, *, d_model: int, warmup: int = 4000) -> float:
