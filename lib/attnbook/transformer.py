@@ -166,9 +166,12 @@ class Transformer(nn.Module):
 
     # -------------------------------------------------------------------------------- forward
     def _embed(self, tokens, table, pos_table, start=0):
-        """Emb(tokens) sqrt(d_model) + PE(start, start + 1, ...), then dropout (eq-ch10-embed).
+        """Emb(tokens) sqrt(d_model) + PE(start, start + 1, ...), then dropout.
 
-        (An empty sequence, T = 0, still asks ``sinusoidal_encoding`` for one row: it needs >= 1.)
+        This is eq-ch10-embed.
+
+        (An empty sequence, T = 0, still asks ``sinusoidal_encoding`` for one row: it
+        needs >= 1.)
         """
         t = tokens.shape[1]
         x = table(tokens) * math.sqrt(self.d_model)                  # (B, T, d_model)
