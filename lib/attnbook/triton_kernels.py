@@ -63,28 +63,39 @@ def visible(q_idx, k_idx, Tq, Tk, km_ptr, stride_mk, HAS_MASK: tl.constexpr, MAS
 # ---------------------------------------------------------------------------------------------
 
 @triton.jit
-def attn_fwd_inner(acc, l_i, m_i, q, offs_q, k_ptr, v_ptr, km_ptr, stride_kt, stride_kd, stride_vt, stride_vd,
-                   stride_mk, Tq, Tk, D, Dv, scale, lo, hi, HAS_MASK: tl.constexpr, MASK_CAUSAL: tl.constexpr,
-                   BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
-    # Online softmax over the key tiles in [lo, hi); MASK_CAUSAL only for tiles crossing the diagonal.
+def attn_fwd_inner(acc, l_i, m_i, q, offs_q, k_ptr, v_ptr, km_ptr,
+                   stride_kt, stride_kd, stride_vt, stride_vd, stride_mk,
+                   Tq, Tk, D, Dv, scale, lo, hi,
+                   HAS_MASK: tl.constexpr, MASK_CAUSAL: tl.constexpr,
+                   BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK_DV: tl.constexpr):
+    # Online softmax over the key tiles in [lo, hi); MASK_CAUSAL only for tiles crossing
+    # the diagonal.
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     for start_k in range(lo, hi, BLOCK_K):
         offs_k = start_k + tl.arange(0, BLOCK_K)
-        kt = load_tile(k_ptr, offs_d, offs_k, D, Tk, stride_kd, stride_kt)  # (BLOCK_D, BLOCK_K)
-        s = tl.dot(q, kt, input_precision="ieee") * scale  # S_ij = scale * Q_i K_j^T, fp32
-        ok = visible(offs_q[:, None], offs_k[None, :], Tq, Tk, km_ptr, stride_mk, HAS_MASK, MASK_CAUSAL)
-        # A select, not "+ (-inf)": a hidden key whose k holds NaN / inf still scores -inf.
+        # (BLOCK_D, BLOCK_K)
+        kt = load_tile(k_ptr, offs_d, offs_k, D, Tk, stride_kd, stride_kt)
+        # S_ij = scale * Q_i K_j^T, fp32
+        s = tl.dot(q, kt, input_precision="ieee") * scale
+        ok = visible(offs_q[:, None], offs_k[None, :], Tq, Tk, km_ptr, stride_mk,
+                     HAS_MASK, MASK_CAUSAL)
+        # A select, not "+ (-inf)": a hidden key whose k holds NaN / inf still
+        # scores -inf.
         s = tl.where(ok, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))  # m_i' = max(m_i, rowmax(S_ij))
-        # A row that has seen no visible key yet keeps m = -inf: shift it by 0 instead, so that
-        # exp(-inf - (-inf)) = NaN never happens and alpha, P are exactly 0 there.
+        # A row that has seen no visible key yet keeps m = -inf: shift it by 0
+        # instead, so that exp(-inf - (-inf)) = NaN never happens and alpha, P are
+        # exactly 0 there.
         m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m_i - m_shift)  # rescales what was summed so far
         p = tl.exp(s - m_shift[:, None])  # P_ij = exp(S_ij - m_i')
         l_i = alpha * l_i + tl.sum(p, 1)  # l_i' = alpha * l_i + rowsum(P_ij)
-        v = load_tile(v_ptr, offs_k, offs_dv, Tk, Dv, stride_vt, stride_vd)  # (BLOCK_K, BLOCK_DV)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")  # acc' = alpha*acc + P V
+        # (BLOCK_K, BLOCK_DV)
+        v = load_tile(v_ptr, offs_k, offs_dv, Tk, Dv, stride_vt, stride_vd)
+        # acc' = alpha*acc + P V
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
         m_i = m_new
     return acc, l_i, m_i
 
@@ -157,28 +168,36 @@ def attn_bwd_preprocess(O, DO, DLSE, DELTA, stride_ob, stride_oh, stride_ot, str
 
 
 @triton.jit
-def attn_bwd_dkdv_inner(dk, dv, k, v, offs_k, q_ptr, do_ptr, m_ptr, logl_ptr, delta_ptr, km_ptr, stride_qt,
-                        stride_qd, stride_gt, stride_gd, stride_mk, Tq, Tk, D, Dv, scale, lo, hi,
-                        HAS_MASK: tl.constexpr, MASK_CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr,
-                        BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
-    # Accumulate dK_j, dV_j over the query tiles in [lo, hi); tiles are transposed (keys along rows).
+def attn_bwd_dkdv_inner(dk, dv, k, v, offs_k, q_ptr, do_ptr, m_ptr, logl_ptr,
+                        delta_ptr, km_ptr, stride_qt, stride_qd, stride_gt, stride_gd,
+                        stride_mk, Tq, Tk, D, Dv, scale, lo, hi,
+                        HAS_MASK: tl.constexpr, MASK_CAUSAL: tl.constexpr,
+                        BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
+                        BLOCK_DV: tl.constexpr):
+    # Accumulate dK_j, dV_j over the query tiles in [lo, hi); tiles are transposed
+    # (keys along rows).
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     for start_q in range(lo, hi, BLOCK_Q):
         offs_q = start_q + tl.arange(0, BLOCK_Q)
-        qt = load_tile(q_ptr, offs_d, offs_q, D, Tq, stride_qd, stride_qt)  # (BLOCK_D, BLOCK_Q)
-        do = load_tile(do_ptr, offs_q, offs_dv, Tq, Dv, stride_gt, stride_gd)  # (BLOCK_Q, BLOCK_DV)
+        # (BLOCK_D, BLOCK_Q)
+        qt = load_tile(q_ptr, offs_d, offs_q, D, Tq, stride_qd, stride_qt)
+        # (BLOCK_Q, BLOCK_DV)
+        do = load_tile(do_ptr, offs_q, offs_dv, Tq, Dv, stride_gt, stride_gd)
         m = tl.load(m_ptr + offs_q, mask=offs_q < Tq, other=0.0)
         log_l = tl.load(logl_ptr + offs_q, mask=offs_q < Tq, other=0.0)
         delta = tl.load(delta_ptr + offs_q, mask=offs_q < Tq, other=0.0)
-        ok = visible(offs_q[None, :], offs_k[:, None], Tq, Tk, km_ptr, stride_mk, HAS_MASK, MASK_CAUSAL)
+        ok = visible(offs_q[None, :], offs_k[:, None], Tq, Tk, km_ptr, stride_mk,
+                     HAS_MASK, MASK_CAUSAL)
         st = tl.dot(k, qt, input_precision="ieee") * scale  # S^T, (BLOCK_K, BLOCK_Q)
-        # P^T = exp((S^T - m) - log l); hidden pairs (all pairs of an empty row) are zeroed before exp.
+        # P^T = exp((S^T - m) - log l); hidden pairs (all pairs of an empty row) are
+        # zeroed before exp.
         pt = tl.exp(tl.where(ok, (st - m[None, :]) - log_l[None, :], float("-inf")))
         dv = tl.dot(pt.to(do.dtype), do, dv, input_precision="ieee")  # dV_j += P^T dO
         dpt = tl.dot(v, tl.trans(do), input_precision="ieee")  # dP^T = V dO^T
         dst = pt * (dpt - delta[None, :])  # dS^T = P^T * (dP^T - Delta)
-        dk = tl.dot(dst.to(qt.dtype), tl.trans(qt), dk, input_precision="ieee")  # dK_j += dS^T Q
+        # dK_j += dS^T Q
+        dk = tl.dot(dst.to(qt.dtype), tl.trans(qt), dk, input_precision="ieee")
     return dk, dv
 
 
@@ -227,25 +246,34 @@ def attn_bwd_dkdv(Q, K, V, KM, DO, M, LOGL, DELTA, DK, DV, stride_qb, stride_qh,
 
 
 @triton.jit
-def attn_bwd_dq_inner(dq, q, do, m, log_l, delta, offs_q, k_ptr, v_ptr, km_ptr, stride_kt, stride_kd, stride_vt,
-                      stride_vd, stride_mk, Tq, Tk, D, Dv, scale, lo, hi, HAS_MASK: tl.constexpr,
-                      MASK_CAUSAL: tl.constexpr, K_NONFINITE: tl.constexpr, BLOCK_K: tl.constexpr,
+def attn_bwd_dq_inner(dq, q, do, m, log_l, delta, offs_q, k_ptr, v_ptr, km_ptr,
+                      stride_kt, stride_kd, stride_vt, stride_vd, stride_mk,
+                      Tq, Tk, D, Dv, scale, lo, hi,
+                      HAS_MASK: tl.constexpr, MASK_CAUSAL: tl.constexpr,
+                      K_NONFINITE: tl.constexpr, BLOCK_K: tl.constexpr,
                       BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
     # Accumulate dQ_i over the key tiles in [lo, hi).
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     for start_k in range(lo, hi, BLOCK_K):
         offs_k = start_k + tl.arange(0, BLOCK_K)
-        kt = load_tile(k_ptr, offs_d, offs_k, D, Tk, stride_kd, stride_kt)  # (BLOCK_D, BLOCK_K)
-        vt = load_tile(v_ptr, offs_dv, offs_k, Dv, Tk, stride_vd, stride_vt)  # (BLOCK_DV, BLOCK_K)
-        ok = visible(offs_q[:, None], offs_k[None, :], Tq, Tk, km_ptr, stride_mk, HAS_MASK, MASK_CAUSAL)
+        # (BLOCK_D, BLOCK_K)
+        kt = load_tile(k_ptr, offs_d, offs_k, D, Tk, stride_kd, stride_kt)
+        # (BLOCK_DV, BLOCK_K)
+        vt = load_tile(v_ptr, offs_dv, offs_k, Dv, Tk, stride_vd, stride_vt)
+        ok = visible(offs_q[:, None], offs_k[None, :], Tq, Tk, km_ptr, stride_mk,
+                     HAS_MASK, MASK_CAUSAL)
         s = tl.dot(q, kt, input_precision="ieee") * scale  # S, (BLOCK_Q, BLOCK_K)
-        p = tl.exp(tl.where(ok, (s - m[:, None]) - log_l[:, None], float("-inf")))  # P = exp((S - m) - log l)
+        # P = exp((S - m) - log l)
+        p = tl.exp(tl.where(ok, (s - m[:, None]) - log_l[:, None], float("-inf")))
         dp = tl.dot(do, vt, input_precision="ieee")  # dP = dO V^T
         ds = p * (dp - delta[:, None])  # dS = P * (dP - Delta)
-        if K_NONFINITE:  # a hidden key has dS = 0, but 0 * NaN = NaN: its NaN / inf must not enter dQ
-            kt = tl.where((kt == kt) & (tl.abs(kt) != float("inf")), kt, 0.0).to(q.dtype)
-        dq = tl.dot(ds.to(kt.dtype), tl.trans(kt), dq, input_precision="ieee")  # dQ_i += dS K
+        # a hidden key has dS = 0, but 0 * NaN = NaN: its NaN / inf must not enter dQ
+        if K_NONFINITE:
+            finite = (kt == kt) & (tl.abs(kt) != float("inf"))
+            kt = tl.where(finite, kt, 0.0).to(q.dtype)
+        # dQ_i += dS K
+        dq = tl.dot(ds.to(kt.dtype), tl.trans(kt), dq, input_precision="ieee")
     return dq
 
 
