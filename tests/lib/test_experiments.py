@@ -216,6 +216,7 @@ def _constant_gap(m, growth=1.0):
     ("ch04.saturation", dict(G64_ratio=1.0)),                       # no larger gradient at 64
     ("ch04.saturation", dict(dead_256=0.1)),                        # not "about a third" dead
     ("ch04.saturation", dict(dead_1024=0.9)),                       # not "about 60 %" dead
+    ("ch04.saturation_by_n", dict(dead_32=0.01)),                   # dead rows not growing as n shrinks
     ("ch04.recall", dict(acc=0.3)),                                 # untrained-looking model
     ("ch04.recall", dict(acc_untrained=0.25)),                      # untrained far above 1/16
 ])

@@ -317,8 +317,9 @@ register("ch04.saturation", chapter="04", run=run_saturation,
          fmt=".2f")
 register("ch04.saturation_by_n", chapter="04", run=run_saturation_by_n,
          claim="d_k = 64 不缩放时，键越少越早饱和：‖J‖ 的中位数随 n 减小而变小，死行比例变大",
-         rule="J_8 < J_32 < J_256; dead_8 > dead_256 + 0.05",
-         holds=lambda m: m["J_8"] < m["J_32"] < m["J_256"] and m["dead_8"] > m["dead_256"] + 0.05,
+         rule="J_8 < J_32 < J_256; dead_8 > dead_32 > dead_256; dead_8 > dead_256 + 0.05",
+         holds=lambda m: m["J_8"] < m["J_32"] < m["J_256"] and m["dead_8"] > m["dead_32"] > m["dead_256"]
+         and m["dead_8"] > m["dead_256"] + 0.05,
          quoted=("dead_8", "dead_256"), fmt=".2f")
 register("ch04.recall", chapter="04", run=run_recall,
          claim="联想回忆：训练 150 步后准确率 > 0.9、权重集中在匹配的那一对上；未训练时只能猜（约 1/16）",
