@@ -69,7 +69,8 @@ def _problem(q, k, v, mask):
     if q.ndim != 4:
         return ValueError, f"the Triton kernel needs 4-D (B, H, T, D) inputs, got q of shape {tuple(q.shape)}"
     if q.dtype not in _DTYPES:
-        return TypeError, f"the Triton kernel supports float16, bfloat16 and float32, got dtype {q.dtype}"
+        got = str(q.dtype).replace("torch.", "")
+        return TypeError, f"fp16, bf16 or fp32 only, got {got}"   # short: a row of the self-check table
     for name, d in (("D", q.shape[3]), ("Dv", v.shape[3])):
         if not 1 <= d <= _MAX_HEAD_DIM:
             return ValueError, f"head dim {name}={d} is outside 1..{_MAX_HEAD_DIM}, the range of the Triton kernel"

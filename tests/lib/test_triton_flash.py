@@ -372,7 +372,7 @@ def test_triton_support_reasons(monkeypatch):
         assert tf.triton_support(q, q, q, None if mask is None else mask.to(DEVICE)) == (True, "")
     bad = {
         "4-D (B, H, T, D)": (q[0], q[0], q[0], None),
-        "got dtype torch.float64": (q.double(), q.double(), q.double(), None),
+        "fp32 only, got float64": (q.double(), q.double(), q.double(), None),
         "head dim D=129": (rand(1, 2, 8, 129),) * 3 + (None,),
         "head dim Dv=0": (q, q, q[..., :0], None),
         "bool key-padding masks only, got an additive torch.float32 mask": (q, q, q, torch.zeros(8, device=DEVICE)),
@@ -421,7 +421,7 @@ def test_bad_arguments_raise_the_library_wide_errors():
         tf.attention_triton(q, q.tolist(), q)
     with pytest.raises(ValueError, match=fn + "q and k must have the same feature dim D"):
         tf.attention_triton(q, rand(1, 1, 8, 24), rand(1, 1, 8, 24))
-    with pytest.raises(TypeError, match=fn + "the Triton kernel supports float16, bfloat16 and float32"):
+    with pytest.raises(TypeError, match=fn + "fp16, bf16 or fp32 only, got float64"):
         tf.attention_triton(q.double(), q.double(), q.double())
     if tf._INTERPRETED:
         with pytest.raises(RuntimeError, match=fn + "bfloat16 is not supported under TRITON_INTERPRET=1"):
