@@ -51,7 +51,7 @@ def torch_layer_settings(layer, *, fn: str) -> dict:
 
 class EncoderLayer(nn.Module):
     """One Transformer encoder layer: self-attention and FFN, each with residual + LayerNorm (chapter 08,
-    eq. eq-ch08-encoder-layer).
+    eq-ch08-encoder-layer).
 
     Post-LN (``norm_first=False``, Vaswani et al. 2017):
         x = LN_1(x + MHA(x));        x = LN_2(x + FFN(x))
@@ -155,7 +155,7 @@ class DecoderLayerOutput(NamedTuple):
 
 
 class DecoderLayer(nn.Module):
-    """One Transformer decoder layer (chapter 10, eq. eq-ch10-decoder-layer).
+    """One Transformer decoder layer (chapter 10, eq-ch10-decoder-layer).
 
     Post-LN (``norm_first=False``, Vaswani et al. 2017):
         x = LN_1(x + SelfAttn(x));   x = LN_2(x + CrossAttn(x, memory));   x = LN_3(x + FFN(x))

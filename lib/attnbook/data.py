@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ._checks import check_choice, check_int, describe
+from ._checks import check_choice, check_int
 
 __all__ = [
     "BOS", "BOS_ID", "DATE_FORMATS", "DIGITS", "DIGIT_WORDS", "EOS", "EOS_ID", "NUMERIC_DATE_ORDER",

@@ -180,7 +180,7 @@ def available_backends(q, k, v, mask=None) -> list[str]:
 
 
 def attention(q, k, v, *, mask=None, causal=False, scale=None, backend: str = "auto"):
-    """Scaled dot-product attention through the chosen backend (chapter 04, eq. 7).
+    """Scaled dot-product attention through the chosen backend (chapter 04, eq-ch04-attention).
 
     ``out = softmax(Q K^T * scale + M) V``; rows with no allowed key give 0.
 

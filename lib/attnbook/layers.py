@@ -39,7 +39,7 @@ ACTIVATIONS = ("relu", "gelu", "swiglu")
 
 def layer_norm(x: torch.Tensor, weight=None, bias=None,
                eps: float = 1e-5) -> torch.Tensor:
-    """Layer normalization over the last dim (chapter 08, eq. eq-ch08-layernorm).
+    """Layer normalization over the last dim (chapter 08, eq-ch08-layernorm).
 
     y = (x - mean(x)) / sqrt(var(x) + eps) * weight + bias, where mean and var are taken
     over the last dim and var is the *biased* variance (divide by d, not d - 1), with
@@ -69,7 +69,7 @@ def layer_norm(x: torch.Tensor, weight=None, bias=None,
 
 
 class LayerNorm(nn.Module):
-    """LayerNorm written from its formula (chapter 08, eq. eq-ch08-layernorm); equals ``nn.LayerNorm``.
+    """LayerNorm written from its formula (chapter 08, eq-ch08-layernorm); equals ``nn.LayerNorm``.
 
     Normalizes each row (one token's d features) with its own mean and biased variance; no
     statistics are shared across the batch or kept between calls, so training and evaluation
@@ -140,7 +140,7 @@ def swiglu_hidden_size(d_model: int, *, multiple_of: int = 1) -> int:
 
 
 class FeedForward(nn.Module):
-    """Position-wise feed-forward network (chapter 07, eq. eq-ch07-ffn): the same map on every row.
+    """Position-wise feed-forward network (chapter 07, eq-ch07-ffn): the same map on every row.
 
     relu / gelu:  FFN(x) = act(x W_1 + b_1) W_2 + b_2         (W_1: d_model x d_ff)
     swiglu:       FFN(x) = (SiLU(x W_g + b_g) * (x W_1 + b_1)) W_2 + b_2   (Shazeer 2020)
@@ -194,7 +194,7 @@ class FeedForward(nn.Module):
 # ---------------------------------------------------------------------------------------------
 
 class ResidualBlock(nn.Module):
-    """A sublayer f with its residual connection and LayerNorm (chapter 08, eq. eq-ch08-pre-post).
+    """A sublayer f with its residual connection and LayerNorm (chapter 08, eq-ch08-pre-post).
 
     Post-LN (``norm_first=False``, the original Transformer):  y = LN(x + f(x))
     Pre-LN  (``norm_first=True``, e.g. GPT-2):                y = x + f(LN(x))

@@ -134,7 +134,7 @@ class MultiHeadOutput(NamedTuple):
 
 
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention (chapter 05, eq. eq-ch05-multihead): ``Concat(head_1..head_h) W^O``.
+    """Multi-head attention (chapter 05, eq-ch05-multihead): ``Concat(head_1..head_h) W^O``.
 
     ``head_i = Attention(query W_i^Q, key W_i^K, value W_i^V)`` with ``d_k = d_v = d_model / h``;
     ``W^Q = q_proj.weight.T`` and ``W_i^Q`` is its i-th block of ``d_k`` columns (the same for

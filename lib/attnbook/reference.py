@@ -220,6 +220,10 @@ def visible_keys(mask, causal: bool, tq: int, tk: int, *, rows: slice | None = N
     A key is hidden by ``False`` in a bool mask, by ``-inf`` in an additive mask, and by
     ``causal`` (key j > query i). ``rows`` restricts the query rows (a tile of them).
     """
+    if rows is not None and not isinstance(rows, slice):
+        raise TypeError(f"visible_keys: `rows` must be a slice or None, got {rows!r}")
+    if mask is not None and not isinstance(mask, torch.Tensor):
+        raise TypeError(f"visible_keys: `mask` must be a tensor or None, got {type(mask).__name__}")
     rows = rows if rows is not None else slice(0, tq)
     i = torch.arange(tq, device=device)[rows]  # (n,)
     vis = torch.ones(len(i), tk, dtype=torch.bool, device=device)

@@ -278,7 +278,7 @@ def label_smoothed_cross_entropy(logits: torch.Tensor, target: torch.Tensor, *,
 
 
 def vaswani_lr(step: int, *, d_model: int, warmup: int = 4000) -> float:
-    """The learning rate of Vaswani et al. 2017, section 5.3 (chapter 10, eq. eq-ch10-lr).
+    """The learning rate of Vaswani et al. 2017, section 5.3 (chapter 10, eq-ch10-lr).
 
     lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5): a linear rise for ``warmup``
     steps, then decay as 1/sqrt(step); the peak, at step = warmup, is (d_model * warmup)^-0.5.

@@ -108,3 +108,12 @@ def test_losses_name_an_empty_vocabulary(call):
 def test_misuse_names_function_and_argument(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+def test_visible_keys_names_a_bad_rows_or_mask():
+    from attnbook.reference import visible_keys
+    with pytest.raises(TypeError, match="visible_keys: `rows` must be a slice"):
+        visible_keys(None, True, 4, 4, rows=3)
+    with pytest.raises(TypeError, match="visible_keys: `mask` must be a tensor"):
+        visible_keys([[True]], False, 1, 1)
+    assert visible_keys(None, True, 3, 3, rows=slice(1, 3)).tolist() == [[True, True, False], [True, True, True]]

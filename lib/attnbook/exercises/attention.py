@@ -22,12 +22,12 @@ NEG_INF = float("-inf")
 
 # --------------------------------------------------------------------------- reference solutions
 def masked_softmax(scores, mask):
-    """Softmax over the last dim where ``mask`` is True (chapter 04, eq. 5); a fully masked row -> 0."""
+    """Softmax over the last dim where ``mask`` is True (chapter 04, eq-ch04-softmax); a fully masked row -> 0."""
     return _lib_masked_softmax(scores.masked_fill(~mask, NEG_INF))
 
 
 def attention(q, k, v, mask=None):
-    """softmax(q k^T / sqrt(d_k), masked) v (chapter 04, eq. 7); a fully masked row -> 0."""
+    """softmax(q k^T / sqrt(d_k), masked) v (chapter 04, eq-ch04-attention); a fully masked row -> 0."""
     return attention_ref(q, k, v, mask=mask).out
 
 

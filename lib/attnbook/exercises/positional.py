@@ -18,7 +18,7 @@ from ._report import close
 
 
 def sinusoidal(n_positions, d_model):
-    """``(n_positions, d_model)``: row p is PE(p) (chapter 06, eq. 2), in float64."""
+    """``(n_positions, d_model)``: row p is PE(p) (chapter 06, eq-ch06-sinusoid), in float64."""
     return sinusoidal_encoding(n_positions, d_model, dtype=torch.float64)
 
 

@@ -16,16 +16,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .._checks import check_int
+from ..blocks import EncoderLayer
 from ..layers import LayerNorm
 
 
-def _encoder_layer():
-    """``attnbook.blocks.EncoderLayer`` (``attnbook.layers`` before it moved there)."""
-    try:
-        from ..blocks import EncoderLayer
-    except ImportError:
-        from ..layers import EncoderLayer
-    return EncoderLayer
 from ..train import fit
 from .registry import register
 
@@ -44,7 +38,6 @@ class Stack(nn.Module):
     def __init__(self, n_layers, norm_first, eps=1e-5, d=D_M, n_heads=4,
                  d_ff=4 * D_M, vocab=VOCAB, n_pos=0):
         super().__init__()
-        EncoderLayer = _encoder_layer()
         self.emb = nn.Embedding(vocab, d)
         self.pos = nn.Parameter(torch.randn(n_pos, d)) if n_pos else None
         self.layers = nn.ModuleList(

@@ -18,8 +18,7 @@ import pprint
 import statistics
 import time
 import unicodedata
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from .._checks import check_int
