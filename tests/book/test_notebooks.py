@@ -364,3 +364,13 @@ def test_code_lines_fit_the_text_column(path):
     too_long = [(i, line) for i, c in enumerate(nb.cells) if c.cell_type == "code"
                 for line in _source(c).split("\n") if len(line) > colab.MAX_LINE]
     assert not too_long, f"{path.name}: code lines over {colab.MAX_LINE} characters: {too_long}"
+
+
+@notebook_params
+def test_chapters_use_the_one_float64_tolerance(path):
+    """Issue 16: one float64 tolerance (attnbook.testing.F64_TOL) for tests, chapters and the
+    self-check; a chapter that writes its own `dict(rtol=..., atol=...)` would drift from it."""
+    nb = nbformat.read(path, as_version=4)
+    own = [m.group(0) for c in nb.cells if c.cell_type == "code"
+           for m in re.finditer(r"^\s*\w*TOL\w*\s*=\s*dict\(.*$", _source(c), re.M)]
+    assert not own, f"{path.name}: import attnbook.testing.F64_TOL instead of {own}"
