@@ -4,6 +4,9 @@ glossary`): pyproject.toml's `pythonpath = ["."]` puts the repository root on sy
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]   # the repository root
 
 
 def load_tool(name: str):
