@@ -6,7 +6,7 @@
                             # chapter, the book build with -W, HTML and browser checks
 
 Other targets: ``env`` (only create/refresh .venv and the git output filter), ``lib`` (the
-library tests, tests/lib), ``hygiene`` (book, tooling and environment tests, tests/book, without
+library tests, tests/lib, without those marked slow), ``hygiene`` (book, tooling and environment tests, tests/book, without
 the built HTML), ``nb`` (nbval only), ``html`` (checks on an already built book),
 ``colab`` (refresh badges and setup cells from _config.yml's repository.url, link the first use
 of each glossary term in every chapter, and regenerate the Colab edition colab/),
@@ -193,8 +193,15 @@ def build_book(strict: bool = True) -> None:
 
 
 def test_lib() -> None:
-    say("library tests (pytest tests/lib: every module, the Triton kernel under TRITON_INTERPRET=1)")
-    run([PY, "-m", "pytest", "tests/lib", "-q"])
+    say("library tests (pytest tests/lib: every module, the Triton kernel under TRITON_INTERPRET=1; "
+        "the slow ones, marked slow, run in make.py test's next stage)")
+    run([PY, "-m", "pytest", "tests/lib", "-q", "-m", "not slow"])
+
+
+def test_lib_slow() -> None:
+    say("slow library tests (pytest tests/lib -m slow: real Jupyter kernels, benchmark subprocesses, "
+        "the experiments' training runs, the sm_90 compile)")
+    run([PY, "-m", "pytest", "tests/lib", "-q", "-m", "slow"])
 
 
 def test_hygiene() -> None:
@@ -238,6 +245,7 @@ def main(argv: list[str]) -> None:
         build_book()
     elif target == "test":
         test_lib()
+        test_lib_slow()
         test_hygiene()
         test_notebooks()
         test_colab([COLAB_CI_CHAPTER])

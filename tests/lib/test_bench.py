@@ -80,6 +80,7 @@ def test_causal_rows_count_half_the_flops_and_threads_are_restored():
     assert all(r["flops"] == 4 * 2 * 48 * 48 * 16 / 2 and r["causal"] and r["threads"] == 1 for r in rows)
 
 
+@pytest.mark.slow
 def test_cli_quick_prints_a_markdown_table():
     cmd = [sys.executable, "-m", "attnbook.bench", "--quick", "--markdown", "--device", "cpu",
            "--backends", "sdpa", "ref", "--min-time", "0.01", "--max-time", "0.05", "--threads", "1"]
@@ -93,6 +94,7 @@ def test_cli_quick_prints_a_markdown_table():
     assert "ref    B=1 H=2 T=128" in proc.stderr  # progress goes to stderr, the table to stdout
 
 
+@pytest.mark.slow
 def test_cpu_memory_mode_is_quadratic_for_ref_and_linear_for_tiled():
     # Two sizes two doublings apart (4 fresh subprocesses); growth per doubling = ratio ** (1/2).
     lo, hi = 512, 2048

@@ -181,12 +181,14 @@ def seed_zero(name):
     return exp, _RUNS[exp.run]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in experiments.names() if n not in _SLOW])
 def test_claim_holds_on_seed_zero(name):
     exp, m = seed_zero(name)
     assert set(exp.quoted) <= set(m) and exp.holds(m), (name, m)
 
 
+@pytest.mark.slow
 def test_warmup_claim_holds_and_is_deterministic():
     torch.set_num_threads(1)
     runs = ch08.sort_runs(0, which=("post", "post_low_lr"))

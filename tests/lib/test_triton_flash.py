@@ -552,6 +552,7 @@ print("COMPILED")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(tf.triton is None, reason="triton is not installed")
 def test_kernels_compile_for_sm90_without_a_gpu():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -17,6 +17,8 @@ import pytest
 
 jupyter_client = pytest.importorskip("jupyter_client")
 
+pytestmark = pytest.mark.slow   # real Jupyter kernels: the slow library stage
+
 ROOT = Path(__file__).resolve().parents[2]
 IPYWIDGETS_7 = ROOT / ".venv" / "ipywidgets-7.7.1"  # a cached --target install, outside git
 
