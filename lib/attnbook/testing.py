@@ -7,7 +7,7 @@ rounding step of that dtype at the reference's magnitude. The failure message pr
 errors, so a regression says how far off it is, not just that it is.
 
 It also holds the few helpers that the library's tests, the chapters and the self-check share:
-the one float64 tolerance ``F64_TOL``, seeded random tensors (``rand``, ``qkv``, ``make_mask``),
+the one float64 tolerance ``F64_TOL``, seeded random tensors and weights (``rand``, ``qkv``, ``make_mask``, ``randomize``),
 a masked log-sum-exp oracle (``lse_ref``, ``assert_lse``) and ``import_triton_flash``.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ._checks import check_choice, check_float, check_int, check_tensor
 
 __all__ = [
     "assert_close_to_reference", "fa_rounding_margin", "max_abs_error", "rounding_step", "relative_error",
-    "F64_TOL", "CPU_BACKENDS", "rand", "qkv", "make_mask", "lse_ref", "assert_lse", "import_triton_flash",
+    "F64_TOL", "CPU_BACKENDS", "rand", "randomize", "qkv", "make_mask", "lse_ref", "assert_lse", "import_triton_flash",
 ]
 
 # The one float64 tolerance for exact identities (tests, chapters, selfcheck): a wrong rescale or
@@ -145,6 +145,16 @@ def rand(*shape, dtype=torch.float64, seed=0, scale=1.0):
     shape = [check_int(f"shape[{i}]", n, fn="rand", minimum=0) for i, n in enumerate(shape)]
     g = torch.Generator().manual_seed(check_int("seed", seed, fn="rand", minimum=0))
     return torch.randn(*shape, generator=g, dtype=dtype) * scale
+
+
+def randomize(module, seed=0, scale=0.5):
+    """Every parameter of ``module`` drawn from ``scale * N(0, 1)`` (biases and LayerNorm gains too),
+    so a test that copies weights between implementations fails if one parameter is missed."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return module
 
 
 def qkv(b=2, h=3, tq=7, tk=9, d=5, dv=4, *, dtype=torch.float64, seed=0, scale=1.0):

@@ -22,7 +22,7 @@ from attnbook.cache import CachedAttention, DecoderCache, KVCache
 from attnbook.layers import FeedForward, LayerNorm, ResidualBlock, count_parameters, layer_norm
 from attnbook.multihead import MultiHeadAttention, mask_from_torch, merge_heads, repeat_kv, split_heads
 from attnbook.positional import sinusoidal_encoding
-from attnbook.testing import F64_TOL
+from attnbook.testing import F64_TOL, rand, randomize
 from attnbook.train import eval_mode, fit, label_smoothed_cross_entropy, token_cross_entropy, vaswani_lr
 from attnbook.transformer import Transformer
 
@@ -38,17 +38,6 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-def rand(*shape, seed=0, dtype=f64):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
-
-
-def randomize(module, seed=0):
-    """Every parameter random (biases and LayerNorm gains included), so copying each one matters."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(0.5 * torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return module
 
 
 # ============================================================================== multihead

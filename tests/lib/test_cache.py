@@ -7,13 +7,11 @@ import torch
 from attnbook.cache import CachedAttention, DecoderCache, KVCache
 from attnbook.multihead import MultiHeadAttention
 from attnbook.positional import apply_rope
-from attnbook.testing import F64_TOL
+from attnbook.testing import F64_TOL, rand
 
 f64 = torch.float64
 
 
-def rand(*shape, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=f64)
 
 
 def test_kv_cache_select_and_static():

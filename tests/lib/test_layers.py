@@ -24,7 +24,7 @@ from attnbook.multihead import MultiHeadAttention
 from attnbook.reference import padding_mask
 
 F64 = torch.float64
-from attnbook.testing import F64_TOL as TOL  # noqa: E402 (the one float64 tolerance)
+from attnbook.testing import F64_TOL as TOL, randomize  # noqa: E402 (the one float64 tolerance)
 
 
 def randn(*shape, seed=0, dtype=F64, scale=1.0, shift=0.0):
@@ -168,11 +168,7 @@ def test_layer_norm_gradcheck():
 # ------------------------------------------------------------------------------------- FeedForward
 
 def _randomize(module, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return module
+    return randomize(module, seed, scale=0.3)
 
 
 @pytest.mark.parametrize("activation", ["relu", "gelu", "swiglu"])
