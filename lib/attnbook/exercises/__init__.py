@@ -23,11 +23,17 @@ found them (no ``masked_fill_`` on the caller's scores, no ``q /= ...``). ``get(
 """
 from ._core import Case, Exercise, check, get
 from ._core import names as list  # noqa: A001  (``exercises.list()`` is the public name)
-from . import attention  # noqa: F401  (each topic module registers its exercises)
-from . import clipping  # noqa: F401
-from . import heads  # noqa: F401
-from . import layernorm  # noqa: F401
-from . import online  # noqa: F401
-from . import positional  # noqa: F401
+
+def _load_topics() -> None:
+    """Import every topic module of this package (importing one registers its exercises)."""
+    import importlib
+    import pkgutil
+    from pathlib import Path
+    for info in pkgutil.iter_modules([str(Path(__file__).resolve().parent)]):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{__package__}.{info.name}")
+
+
+_load_topics()
 
 __all__ = ["Case", "Exercise", "check", "get", "list"]

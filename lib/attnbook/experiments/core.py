@@ -33,7 +33,12 @@ _REGISTRY = REGISTRY
 
 
 def _load_chapters() -> None:
-    from . import ch04, ch08  # noqa: F401  (importing a chapter module registers its claims)
+    """Import every chapter module ``chNN`` of this package (importing one registers its claims)."""
+    import importlib
+    import pkgutil
+    for info in pkgutil.iter_modules([str(Path(__file__).resolve().parent)]):
+        if info.name.startswith("ch") and info.name[2:].isdigit():
+            importlib.import_module(f"{__package__}.{info.name}")
 
 
 def get(name: str, registry: dict | None = None) -> Experiment:
