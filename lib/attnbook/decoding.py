@@ -1,5 +1,8 @@
 """Decoding a conditional language model: greedy, beam search, exact MAP (chapter 02).
 
+Sampling (temperature, top-k, top-p: ``filter_logits``, ``sample_next``) lives in
+``attnbook.sampling`` and is re-exported here.
+
 One protocol for every model in the book (chapter 02's toy LMs and GRU encoder-decoder,
 chapter 10's Transformer). A model conditioned on ONE source sentence is a function
 
@@ -32,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import check_float, check_int, check_tensor, describe
+from .sampling import filter_logits, sample_next
 
 __all__ = [
     "BeamStep",
@@ -39,10 +43,12 @@ __all__ = [
     "beam_search",
     "enumerate_sequences",
     "exact_map",
+    "filter_logits",
     "greedy_decode",
     "greedy_decode_batch",
     "length_penalty",
     "random_tree_lm",
+    "sample_next",
     "score_sequence",
 ]
 
