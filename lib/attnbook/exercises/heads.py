@@ -1,13 +1,22 @@
-"""Chapter 05's exercise ``ch05.split_heads``: cut the features into heads, (B, T, H d_k) -> (B, H, T, d_k).
+"""Chapter 05's exercises on the head layout.
 
-The classic bug reshapes straight to ``(B, H, T, d_k)``: the shape is right, but each "head"
-then holds pieces of several tokens. Splitting is pure data movement, so the comparison is
-exact (float64 tolerance) and the hints recognise the bug by recomputing what it gives.
+``ch05.split_heads``: cut the features into heads, (B, T, H d_k) -> (B, H, T, d_k). The classic
+bug reshapes straight to ``(B, H, T, d_k)``: the shape is right, but each "head" then holds
+pieces of several tokens.
+
+``ch05.merge_heads``: the inverse, Concat(head_1, ..., head_H) (chapter 05, step 2),
+(B, H, T, d_v) -> (B, T, H d_v). The classic bugs reshape without moving the head axis next to
+the features (tokens mixed), interleave the heads' features, or sum the heads instead of
+concatenating them (the sum comes only after W^O).
+
+Both are pure data movement, so the comparison is exact (float64 tolerance) and the hints
+recognise the bug by recomputing what it gives.
 """
 from __future__ import annotations
 
 import torch
 
+from ..multihead import merge_heads as _lib_merge_heads
 from ..multihead import split_heads as _lib_split_heads
 from ._core import Case, Exercise, register
 from ._report import close
@@ -72,3 +81,70 @@ def _hint_shape(f):
 
 register(Exercise("ch05.split_heads", "把特征切成多个头", split_heads, BUGS, _cases,
                   (_hint_shape, _hint)))
+
+
+def merge_heads(x):
+    """Concat(head_1, ..., head_H) (chapter 05, step 2): ``(B, H, T, d_v) -> (B, T, H*d_v)``."""
+    return _lib_merge_heads(x)
+
+
+def _merge_no_transpose(x):
+    b, h, t, d = x.shape
+    return x.reshape(b, t, h * d)                      # right shape, tokens mixed
+
+
+def _merge_interleaved(x):
+    b, h, t, d = x.shape
+    return x.permute(0, 2, 3, 1).reshape(b, t, d * h)  # feature l from head l % H
+
+
+def _merge_sum(x):
+    return x.sum(1)                                    # (B, T, d_v): a sum is not a concat
+
+
+def _merge_cat_on_time(x):
+    return torch.cat(x.unbind(1), dim=1)               # (B, H*T, d_v): heads stacked as tokens
+
+
+MERGE_BUGS = {
+    "reshape_without_transpose": _merge_no_transpose,
+    "interleaved_features": _merge_interleaved,
+    "sum_instead_of_concat": _merge_sum,
+    "concat_along_time": _merge_cat_on_time,
+}
+
+
+def _merge_cases(g):
+    def x(*shape):
+        return torch.randn(shape, generator=g, dtype=torch.float64)
+    return [
+        Case("两个头的小例子", (x(1, 2, 3, 2),), note="B = 1，H = 2，T = 3，d_v = 2。"),
+        Case("批、T ≠ H", (x(2, 3, 5, 4),), note="B = 2，H = 3，T = 5，d_v = 4。"),
+        Case("只有一个头", (x(2, 1, 4, 3),), note="H = 1：结果就是去掉头这一维。"),
+        Case("头比词元多", (x(1, 4, 2, 3),), note="B = 1，H = 4，T = 2，d_v = 3。"),
+    ]
+
+
+def _merge_hint(f):
+    x = f.inputs["x"]
+    if f.kind == "shape":
+        got = tuple(f.got.shape)
+        if got == tuple(_merge_sum(x).shape):
+            return ("最后一维只有 d_v：把各头加起来不是拼接。拼接把 H 个 (T, d_v) 并排放成 (T, H·d_v)；"
+                    "“求和”要到乘过 W^O 之后才出现（Σ_i head_i W^O_i）。")
+        if got == tuple(_merge_cat_on_time(x).shape):
+            return "拼接沿错了维度：各头应沿最后一维（特征）并排，而不是沿时间维接成 H·T 个位置。"
+        return None
+    if f.kind != "value":
+        return None
+    if close(f.got, _merge_no_transpose(x)):
+        return ("形状对了，数值却错位：直接 reshape 成 (B, T, H·d_v) 会把不同词元的输出混在一起。"
+                "先 transpose(1, 2) 成 (B, T, H, d_v)，再 reshape。")
+    if close(f.got, _merge_interleaved(x)):
+        return ("第 i 个头应占连续的第 i 块特征 [i*d_v, (i+1)*d_v)，而不是与其他头交错："
+                "transpose(1, 2) 之后最后两维是 (H, d_v)，不要再换成 (d_v, H)。")
+    return "输出的第 i 块特征 [..., i*d_v:(i+1)*d_v] 应是第 i 个头：对照这一例的输入手算一个位置。"
+
+
+register(Exercise("ch05.merge_heads", "把各头的输出拼接起来", merge_heads, MERGE_BUGS, _merge_cases,
+                  (_merge_hint,)))
