@@ -120,6 +120,11 @@ def test_naive_softmax_nan_vs_masked_softmax():
     naive = torch.exp(s - s.amax(-1, keepdim=True))
     naive = naive / naive.sum(-1, keepdim=True)
     assert torch.isnan(naive[1]).all()
+    # where the NaN comes from (the docstring): the shift -inf - (-inf), not 0/0
+    assert torch.isnan(s - s.amax(-1, keepdim=True))[1].all()
+    unshifted_num, unshifted_den = torch.exp(s[1]), torch.exp(s[1]).sum()
+    assert (unshifted_num == 0).all() and unshifted_den == 0  # without the shift: 0/0
+    assert torch.isnan(unshifted_num / unshifted_den).all()
     p = masked_softmax(s)
     assert torch.equal(p[1], torch.zeros(3, dtype=torch.float64))
     torch.testing.assert_close(p[0], torch.softmax(s[0], -1), **F64)
