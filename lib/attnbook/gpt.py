@@ -1,0 +1,236 @@
+"""A decoder-only language model built from the book's parts (chapter 11).
+
+Chapter 10's decoder layer without its cross-attention is a Pre-LN block of masked
+self-attention and FFN (:class:`DecoderBlock`); a stack of them between a token embedding (plus
+learned positions, or RoPE inside the attention) and a final LayerNorm, read out through the
+embedding matrix itself (weight tying), is :class:`GPT`. Trained with the causal language-model
+loss (:func:`lm_loss`, chapter 02's factorisation p(x) = prod_t p(x_t | x_<t)), it generates
+with a key/value cache (:func:`generate`, one :class:`cache.KVCache` per block).
+
+Conventions: batch-first ids ``(B, T)``; the attention is chapter 05's through
+``attnbook.attention`` (``cache.CachedAttention``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._checks import check_bool, check_choice, check_int, check_tensor
+from .cache import CachedAttention, KVCache
+from .layers import FeedForward, LayerNorm
+
+__all__ = ["DecoderBlock", "GPT", "GPTConfig", "GPTOutput", "generate", "lm_loss",
+           "perplexity"]
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Sizes of a :class:`GPT`; the defaults are chapter 11's tiny poem model."""
+
+    vocab_size: int
+    n_positions: int = 64        # longest context (learned positions need a table this long)
+    d_model: int = 64            # model width
+    n_heads: int = 4             # attention heads, d_k = d_model / n_heads
+    n_layers: int = 2            # decoder blocks
+    d_ff: int = 256              # FFN hidden size (4 d_model, as in GPT-2)
+    positions: str = "learned"   # "learned" (GPT-2) or "rope" (chapter 06)
+    tie_weights: bool = True     # read out through the token embedding (Press & Wolf 2017)
+    dropout: float = 0.0
+
+
+class GPTOutput(NamedTuple):
+    """What :meth:`GPT.forward` returns; ``weights`` only with ``need_weights=True``."""
+
+    logits: torch.Tensor                      # (B, T, V)
+    weights: list[torch.Tensor] | None        # per block (B, H, T, T_total)
+
+
+class DecoderBlock(nn.Module):
+    """Chapter 10's Pre-LN decoder layer without cross-attention (chapter 11, eq-ch11-block).
+
+        x = x + SelfAttn(LN_1(x))   (causal);      x = x + FFN(LN_2(x))
+
+    ``self_attn`` is a ``cache.CachedAttention`` (chapter 05's heads, RoPE optional), so
+    :func:`generate` can hand it a ``KVCache``.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, *, rope: bool = False,
+                 dropout: float = 0.0):
+        super().__init__()
+        self.norm1 = LayerNorm(d_model)
+        self.self_attn = CachedAttention(d_model, n_heads, rope=rope)
+        self.norm2 = LayerNorm(d_model)
+        self.ffn = FeedForward(d_model, d_ff, activation="gelu", dropout=dropout)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, *, cache: KVCache | None = None,
+                need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``x`` ``(B, T, d_model)`` -> ``(out (B, T, d_model), weights or None)``."""
+        res = self.self_attn(self.norm1(x), causal=True, cache=cache,
+                             need_weights=need_weights)
+        x = x + self.dropout(res.out)
+        x = x + self.dropout(self.ffn(self.norm2(x)))
+        return x, res.weights
+
+
+class GPT(nn.Module):
+    """A decoder-only Transformer language model (chapter 11, eq-ch11-gpt).
+
+        h_0 = E[x] (+ P[positions]);   h_l = Block_l(h_{l-1});   logits = LN_f(h_L) E^T
+
+    With ``tie_weights`` the read-out matrix is the embedding ``E`` itself (Press & Wolf 2017;
+    GPT-2 does the same). With ``positions="rope"`` there is no position table: every block's
+    attention rotates queries and keys (chapter 06).
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"GPT: `config` must be a GPTConfig, got {type(config).__name__}")
+        c = self.config = config
+        check_int("vocab_size", c.vocab_size, fn="GPT", minimum=1)
+        check_int("n_positions", c.n_positions, fn="GPT", minimum=1)
+        check_choice("positions", c.positions, ("learned", "rope"), fn="GPT")
+        check_bool("tie_weights", c.tie_weights, fn="GPT")
+        self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
+        self.pos_emb = nn.Embedding(c.n_positions, c.d_model) if c.positions == "learned" else None
+        self.blocks = nn.ModuleList(
+            DecoderBlock(c.d_model, c.n_heads, c.d_ff, rope=c.positions == "rope",
+                         dropout=c.dropout) for _ in range(c.n_layers))
+        self.norm_f = LayerNorm(c.d_model)
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.apply(_init)
+        if c.tie_weights:
+            self.lm_head.weight = self.tok_emb.weight      # one matrix, two uses
+
+    def new_cache(self) -> list[KVCache]:
+        """One empty self-attention ``KVCache`` per block."""
+        return [KVCache() for _ in self.blocks]
+
+    def forward(self, ids: torch.Tensor, *, cache: list[KVCache] | None = None,
+                need_weights: bool = False) -> GPTOutput:
+        """Logits for the next token at every position of ``ids`` ``(B, T)``.
+
+        With ``cache`` (from :meth:`new_cache`), ``ids`` are the NEW tokens: they sit at
+        positions ``len(cache[0]), ...`` and their keys and values are appended.
+        """
+        past = _check_forward(self, ids, cache)
+        t = ids.shape[1]
+        h = self.tok_emb(ids)                                         # (B, T, d_model)
+        if self.pos_emb is not None:
+            h = h + self.pos_emb(torch.arange(past, past + t, device=ids.device))
+        weights = []
+        for i, block in enumerate(self.blocks):
+            h, w = block(h, cache=None if cache is None else cache[i],
+                         need_weights=need_weights)
+            weights.append(w)
+        logits = self.lm_head(self.norm_f(h))                         # (B, T, V)
+        return GPTOutput(logits, weights if need_weights else None)
+
+
+def _init(m: nn.Module) -> None:
+    """GPT-2's initialisation: N(0, 0.02) for linear and embedding weights, zero biases."""
+    if isinstance(m, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(m.weight, std=0.02)
+        if getattr(m, "bias", None) is not None:
+            nn.init.zeros_(m.bias)
+
+
+def lm_loss(logits: torch.Tensor, ids: torch.Tensor, *, pad_id: int = 0) -> torch.Tensor:
+    """The causal language-model loss (chapter 11, eq-ch11-lm-loss; chapter 02's factorisation).
+
+        L = -1/N sum_t log p(x_{t+1} | x_<=t),   over the N positions whose target is not PAD
+
+    ``logits`` ``(B, T, V)`` from ``GPT(ids)``, ``ids`` ``(B, T)``: the logits at position t
+    are scored against the token at t + 1 (the shift happens here).
+    """
+    check_tensor("logits", logits, fn="lm_loss")
+    check_tensor("ids", ids, fn="lm_loss", floating=False)
+    if logits.ndim != 3 or ids.shape != logits.shape[:2] or ids.shape[1] < 2:
+        raise ValueError(f"lm_loss: `logits` must be (B, T, V) and `ids` (B, T) with T >= 2, got "
+                         f"{tuple(logits.shape)} and {tuple(ids.shape)}")
+    pred, target = logits[:, :-1], ids[:, 1:]                         # position t predicts t + 1
+    return F.cross_entropy(pred.reshape(-1, pred.shape[-1]), target.reshape(-1),
+                           ignore_index=pad_id)
+
+
+@torch.no_grad()
+def perplexity(model: GPT, ids: torch.Tensor, *, pad_id: int = 0, batch_size: int = 256) -> float:
+    """exp of the mean next-token loss over every non-PAD target of ``ids`` ``(N, T)``."""
+    was = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for chunk in ids.split(batch_size):
+        logits = model(chunk).logits
+        n = int((chunk[:, 1:] != pad_id).sum())
+        total += float(lm_loss(logits, chunk, pad_id=pad_id)) * n
+        count += n
+    model.train(was)
+    return math.exp(total / count)
+
+
+@torch.no_grad()
+def generate(model: GPT, prompt: torch.Tensor, *, max_new_tokens: int, temperature: float = 1.0,
+             top_k: int | None = None, top_p: float | None = None,
+             generator: torch.Generator | None = None, use_cache: bool = True,
+             eos_id: int | None = None) -> torch.Tensor:
+    """Continue ``prompt`` ``(B, T0)`` by sampling one token at a time (chapter 11).
+
+    Each step feeds only the newest token when ``use_cache`` (the blocks' ``KVCache`` hold the
+    rest), or the whole sequence again when not; both give the same logits (asserted in the
+    chapter and the tests). Tokens are drawn by ``decoding.sample_next`` (temperature, top-k,
+    top-p; ``temperature=0`` is greedy). Rows that produced ``eos_id`` keep producing it.
+
+    Returns: ``(B, T0 + max_new_tokens)`` ids (fewer steps if every row has ended).
+    """
+    from .decoding import sample_next
+    check_tensor("prompt", prompt, fn="generate", floating=False)
+    if prompt.ndim != 2 or prompt.shape[1] < 1 or prompt.dtype != torch.long:
+        raise ValueError(f"generate: `prompt` must be a (B, T0) LongTensor with T0 >= 1, got "
+                         f"{tuple(prompt.shape)} {prompt.dtype}")
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, fn="generate", minimum=0)
+    if prompt.shape[1] + max_new_tokens > model.config.n_positions and model.pos_emb is not None:
+        raise ValueError(f"generate: prompt length + `max_new_tokens` must be <= n_positions = "
+                         f"{model.config.n_positions}, got {prompt.shape[1] + max_new_tokens}")
+    was = model.training
+    model.eval()
+    ids, cache = prompt, (model.new_cache() if use_cache else None)
+    done = torch.zeros(len(prompt), dtype=torch.bool, device=prompt.device)
+    step_in = ids
+    for _ in range(max_new_tokens):
+        logits = model(step_in, cache=cache).logits[:, -1]            # (B, V)
+        nxt = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p,
+                          generator=generator)
+        if eos_id is not None:
+            nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
+            done = done | (nxt == eos_id)
+        ids = torch.cat([ids, nxt[:, None]], 1)                       # (B, T + 1)
+        step_in = nxt[:, None] if use_cache else ids
+        if eos_id is not None and bool(done.all()):
+            break
+    model.train(was)
+    return ids
+
+
+def _check_forward(model: GPT, ids, cache) -> int:
+    fn = "GPT.forward"
+    check_tensor("ids", ids, fn=fn, floating=False)
+    if ids.ndim != 2 or ids.dtype != torch.long:
+        raise ValueError(f"{fn}: `ids` must be a (B, T) LongTensor, got {tuple(ids.shape)} {ids.dtype}")
+    if cache is not None and (not isinstance(cache, list) or len(cache) != len(model.blocks)
+                              or not all(isinstance(c, KVCache) for c in cache)):
+        raise TypeError(f"{fn}: `cache` must be a list of {len(model.blocks)} KVCache "
+                        f"(model.new_cache()), got {cache!r:.80}")
+    past = 0 if cache is None else len(cache[0])
+    if model.pos_emb is not None and past + ids.shape[1] > model.config.n_positions:
+        raise ValueError(f"{fn}: positions up to {past + ids.shape[1]} exceed n_positions = "
+                         f"{model.config.n_positions}")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= model.config.vocab_size):
+        raise ValueError(f"{fn}: `ids` must lie in [0, {model.config.vocab_size}), got "
+                         f"[{int(ids.min())}, {int(ids.max())}]")
+    return past
