@@ -304,3 +304,37 @@ def test_adding_problem_target_is_marked_sum():
         adding_problem(3, 1)
     with pytest.raises(TypeError, match="`dtype`"):
         adding_problem(3, 4, dtype=torch.long)
+
+
+# ---------------------------------------------------------------------------------------------- poems
+def test_poems_ship_in_the_package_and_split_by_poem():
+    from attnbook.data import load_poems, read_poems
+    poems = read_poems()
+    assert len(poems) == 8000 and len(set(poems)) == 8000
+    assert {len(p) for p in poems} == {24, 32}                     # 五言 and 七言 quatrains
+    c = load_poems()
+    assert len(c.train) + len(c.valid) + len(c.test) == 8000
+    assert not set(c.train) & set(c.valid) and not set(c.train) & set(c.test)
+    assert all(split_of(p) == "valid" for p in c.valid)
+    assert 0.75 < len(c.train) / 8000 < 0.85                       # CRC-32 buckets 0-7 of 10
+    seen = set("".join(c.train))
+    assert len(c.vocab) == len(seen) + 4 and all(ch in c.vocab for ch in seen)
+
+
+def test_poem_vocabulary_min_count_and_encoding():
+    from attnbook.data import load_poems
+    c3, c1 = load_poems(min_count=3), load_poems(min_count=1)
+    assert len(c3.vocab) < len(c1.vocab)
+    counts = {}
+    for p in c3.train:
+        for ch in p:
+            counts[ch] = counts.get(ch, 0) + 1
+    rare = next(ch for ch, n in counts.items() if n < 3)
+    assert rare not in c3.vocab and rare in c1.vocab
+    ids = c3.encode(c3.train[:2] + [c3.train[0][:24]])
+    assert ids.shape[1] == 2 + max(len(p) for p in c3.train[:2] + [c3.train[0][:24]])
+    assert (ids[:, 0] == BOS_ID).all() and c3.vocab.decode(ids[0]) == c3.train[0]
+    with pytest.raises(ValueError, match="load_poems: `min_count`"):
+        load_poems(min_count=0)
+    with pytest.raises(TypeError, match="PoemCorpus.encode: `poems`"):
+        c3.encode("白日依山尽")
