@@ -221,6 +221,11 @@ def _constant_gap(m, growth=1.0):
     ("ch04.saturation_by_n", dict(dead_32=0.01)),                   # dead rows not growing as n shrinks
     ("ch04.recall", dict(acc=0.3)),                                 # untrained-looking model
     ("ch04.recall", dict(acc_untrained=0.25)),                      # untrained far above 1/16
+    ("ch04.mha_saturation", dict(logit_var=64.0)),                  # the unit-variance premise, d_k
+    ("ch04.mha_saturation", lambda m: dict(J_unscaled=m["J_scaled"])),  # unscaled no peakier
+    ("ch04.scale_training", lambda m: dict(early_unscaled_256=m["early_scaled_256"])),  # no slower
+    ("ch04.scale_training", dict(acc_unscaled_256=0.5)),            # unscaled never learns
+    ("ch04.scale_training", dict(early_unscaled_16=0.2)),           # small d_k slow too
 ])
 def test_claim_rejects_a_wrong_value(name, wrong):
     exp, m = seed_zero(name)
