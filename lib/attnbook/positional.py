@@ -10,7 +10,8 @@ gives it a sense of order:
   RoFormer's adjacent-pair layout or the half-split ``rotate_half`` layout (GPT-NeoX,
   Hugging Face's LLaMA; Meta's original LLaMA code pairs adjacent features);
 - ``alibi_slopes`` / ``alibi_bias``: Press et al.'s linear biases, an additive float mask for
-  :func:`attnbook.attention`.
+  :func:`attnbook.attention`;
+- ``t5_bucket``: T5's relative-position buckets (one learned bias per bucket and head).
 
 The sinusoidal table, its rotations and RoPE share the frequency ladder
 ``omega_i = base ** (-2 i / d)``, ``i = 0 .. d/2 - 1`` (``frequencies``). ALiBi has no ladder: its
@@ -37,6 +38,7 @@ __all__ = [
     "half_split_permutation",
     "rotation_matrix",
     "sinusoidal_encoding",
+    "t5_bucket",
 ]
 
 PAIRINGS = ("interleaved", "half")
@@ -269,3 +271,51 @@ def _check_alibi_bias(tq, tk, symmetric) -> tuple[int, int, bool]:
     fn = "alibi_bias"
     tq = check_int("tq", tq, fn=fn)
     return tq, (tq if tk is None else check_int("tk", tk, fn=fn)), check_bool("symmetric", symmetric, fn=fn)
+
+
+def t5_bucket(relative_position: torch.Tensor, *, bidirectional: bool = True, num_buckets: int = 32,
+              max_distance: int = 128) -> torch.Tensor:
+    """T5's relative-position bucket of ``n = j - i`` (key position minus query position).
+
+    From Raffel et al. 2020 (JMLR), section 2.1: every head learns one scalar bias per bucket.
+    Bidirectional: half the buckets for keys after the query (``n > 0``), half for the others;
+    causal: only ``i - j >= 0`` counts (keys after the query share bucket 0). Within a half of
+    ``B`` buckets, distances below ``B // 2`` get their own bucket; longer ones share buckets
+    whose width grows logarithmically up to ``max_distance``; every distance beyond shares the
+    last bucket.
+
+    Args:
+        relative_position: integer tensor of ``j - i`` values, any shape.
+        bidirectional: True for an encoder, False for a causal decoder.
+        num_buckets: total buckets (32 in T5), even and >= 4 when bidirectional, >= 2 otherwise.
+        max_distance: the distance where the last bucket starts (128 in T5), > ``num_buckets``
+            of one half's exact range.
+    Returns:
+        An int64 tensor like ``relative_position`` with values in ``0 .. num_buckets - 1``.
+    """
+    fn = "t5_bucket"
+    if not isinstance(relative_position, torch.Tensor):
+        raise TypeError(f"{fn}: `relative_position` must be an integer tensor, got "
+                        f"{type(relative_position).__name__}")
+    if relative_position.is_floating_point() or relative_position.is_complex() \
+            or relative_position.dtype == torch.bool:
+        raise TypeError(f"{fn}: `relative_position` must be an integer tensor, got dtype "
+                        f"{relative_position.dtype}")
+    check_bool("bidirectional", bidirectional, fn=fn)
+    num_buckets = check_int("num_buckets", num_buckets, fn=fn, minimum=4 if bidirectional else 2)
+    if bidirectional and num_buckets % 2:
+        raise ValueError(f"{fn}: `num_buckets` must be even when bidirectional, got {num_buckets}")
+    n = relative_position.long()
+    if bidirectional:
+        num_buckets //= 2
+        offset = (n > 0).long() * num_buckets       # keys after the query: the upper half
+        n = n.abs()
+    else:
+        offset = torch.zeros_like(n)
+        n = (-n).clamp(min=0)                      # i - j; keys after the query -> 0
+    exact = num_buckets // 2
+    max_distance = check_int("max_distance", max_distance, fn=fn, minimum=exact + 1)
+    log_ratio = torch.log(n.clamp(min=exact).double() / exact) / math.log(max_distance / exact)
+    far = exact + (log_ratio * (num_buckets - exact)).long()     # floor: the argument is >= 0
+    far = far.clamp(max=num_buckets - 1)
+    return offset + torch.where(n < exact, n, far)

@@ -20,7 +20,7 @@ NAMES = ["ch01.clip_grad_norm", "ch01.jacobian_product", "ch02.sequence_logprob"
          "ch03.additive_score", "ch03.context",
          "ch04.attention", "ch04.causal_attention", "ch04.masked_softmax", "ch05.merge_heads",
          "ch05.repeat_kv", "ch05.split_heads",
-         "ch06.sinusoidal", "ch08.layer_norm", "ch09.attention_backward", "ch09.merge_partial",
+         "ch06.rope", "ch06.sinusoidal", "ch08.layer_norm", "ch09.attention_backward", "ch09.merge_partial",
          "ch09.online_softmax"]
 
 # (exercise, bug) -> words the hint must contain: the mistake's symptom, named
@@ -90,6 +90,11 @@ SYMPTOMS = {
     ("ch06.sinusoidal", "pair_frequencies_differ"): ["同一个频率"],
     ("ch06.sinusoidal", "positions_from_one"): ["位置从 0 开始"],
     ("ch06.sinusoidal", "base_1000"): ["底数应是 10000", "像是用了 1000。"],
+    ("ch06.rope", "wrong_direction"): ["转反了"],
+    ("ch06.rope", "rotate_half_pairs"): ["相邻的两维", "rotate_half"],
+    ("ch06.rope", "per_column_frequency"): ["同一个角度", "不是按列号"],
+    ("ch06.rope", "positions_ignored"): ["传入的 positions"],
+    ("ch06.rope", "exponent_missing_2"): ["2i/D", "不是 i/D"],
     ("ch08.layer_norm", "eps_outside_root"): ["ε 应加在根号里面"],
     ("ch08.layer_norm", "unbiased_variance"): ["有偏估计", "d − 1"],
     ("ch08.layer_norm", "normalized_over_wrong_axis"): ["沿最后一维"],

@@ -22,6 +22,7 @@ from attnbook.positional import (
     half_split_permutation,
     rotation_matrix,
     sinusoidal_encoding,
+    t5_bucket,
 )
 
 f64 = torch.float64
@@ -405,5 +406,57 @@ def test_alibi_zero_logits_weights_decay_with_distance():
     ],
 )
 def test_validation_errors(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+# --- T5's relative-position buckets -----------------------------------------------------------
+
+def _t5_bucket_by_definition(n: int, bidirectional=True, num_buckets=32, max_distance=128) -> int:
+    """One distance at a time, in plain Python floats (an independent reading of Raffel et al.)."""
+    offset = 0
+    if bidirectional:
+        num_buckets //= 2
+        offset = num_buckets if n > 0 else 0
+        n = abs(n)
+    else:
+        n = max(-n, 0)
+    exact = num_buckets // 2
+    if n < exact:
+        return offset + n
+    far = exact + int(math.log(n / exact) / math.log(max_distance / exact) * (num_buckets - exact))
+    return offset + min(far, num_buckets - 1)
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize("num_buckets,max_distance", [(32, 128), (8, 20), (16, 64)])
+def test_t5_bucket_matches_the_definition(bidirectional, num_buckets, max_distance):
+    n = torch.arange(-300, 301)
+    got = t5_bucket(n, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance)
+    want = [_t5_bucket_by_definition(v, bidirectional, num_buckets, max_distance) for v in n.tolist()]
+    assert got.dtype == torch.int64 and got.tolist() == want
+    assert int(got.min()) >= 0 and int(got.max()) == num_buckets - 1
+
+
+def test_t5_bucket_landmarks():
+    b = lambda v, **kw: int(t5_bucket(torch.tensor(v), **kw))  # noqa: E731
+    assert [b(0), b(-1), b(-7), b(1), b(7)] == [0, 1, 7, 17, 23]   # exact below 8 per side
+    assert b(-8) == 8 and b(-127) == 15 and b(-128) == 15 and b(-10**6) == 15
+    assert b(5) != b(-5)                                           # direction is kept
+    assert b(3, bidirectional=False) == 0 and b(-3, bidirectional=False) == 3
+    far = t5_bucket(-torch.arange(8, 129))                          # log-spaced: widths grow
+    widths = torch.bincount(far)[8:]
+    assert (widths[1:-1] >= widths[:-2]).all() and widths[-2] > widths[0]
+
+
+@pytest.mark.parametrize("call, exc, match", [
+    (lambda: t5_bucket(torch.zeros(3)), TypeError, "integer tensor"),
+    (lambda: t5_bucket([1, 2]), TypeError, "integer tensor"),
+    (lambda: t5_bucket(torch.arange(3), num_buckets=7), ValueError, "even"),
+    (lambda: t5_bucket(torch.arange(3), num_buckets=2), ValueError, "num_buckets"),
+    (lambda: t5_bucket(torch.arange(3), max_distance=4), ValueError, "max_distance"),
+    (lambda: t5_bucket(torch.arange(3), bidirectional=1), TypeError, "bidirectional"),
+])
+def test_t5_bucket_validation(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
