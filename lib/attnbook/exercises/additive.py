@@ -1,0 +1,179 @@
+"""Chapter 03's exercises ``ch03.additive_score`` and ``ch03.context``: steps 1 and 2-3.
+
+``ch03.additive_score(s, H, W_q, W_k, v)`` is step 1 with Bahdanau's additive score in the
+book's row-vector convention, ``e_i = v . tanh(s W_q + h_i W_k)`` (eq-ch03-additive with
+``W_q = W_2^T``, ``W_k = W_1^T``): one query ``s (d_s,)``, keys ``H (n, d_h)``, ``W_q (d_s, d_a)``,
+``W_k (d_h, d_a)``, ``v (d_a,)``; returns ``e (n,)``. The classic bugs drop the tanh, put it
+after v, forget v (sum the hidden units), swap the two matrices, or return the softmax of e.
+
+``ch03.context(scores, H, mask)`` is steps 2 and 3 (eq-ch03-softmax, eq-ch03-context) for
+``T`` queries at once: ``scores (T, n)``, ``H (n, d)``, ``mask (n,)`` bool, True = a real
+source token; returns the context vectors ``alpha H``, ``(T, d)``, with weight exactly 0 on
+padding. The classic bugs take the softmax over the queries, ignore the padding, zero the
+padding after the softmax without renormalising, skip the normalisation, use the raw scores as
+weights, or overflow to NaN on large scores (no max subtraction).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..reference import additive_scores as _lib_additive_scores
+from ..reference import masked_softmax as _lib_masked_softmax
+from ._core import Case, Exercise, register
+from ._report import close
+
+NEG_INF = float("-inf")
+
+
+# --------------------------------------------------------------------------- ch03.additive_score
+def additive_score(s, H, W_q, W_k, v):
+    """Additive scores of one query against n keys (chapter 03, eq-ch03-additive): ``(n,)``."""
+    return _lib_additive_scores(s[None], H, W_q, W_k, v)[0]
+
+
+def _no_tanh(s, H, W_q, W_k, v):
+    return (s @ W_q + H @ W_k) @ v                          # a linear score: no hidden layer
+
+
+def _tanh_after_v(s, H, W_q, W_k, v):
+    return torch.tanh((s @ W_q + H @ W_k) @ v)              # tanh of the score, not of the units
+
+
+def _v_ignored(s, H, W_q, W_k, v):
+    return torch.tanh(s @ W_q + H @ W_k).sum(-1)            # v = (1, ..., 1)
+
+
+def _swapped(s, H, W_q, W_k, v):
+    return torch.tanh(s @ W_k + H @ W_q) @ v                # W_q on the keys, W_k on the query
+
+
+def _returns_weights(s, H, W_q, W_k, v):
+    return torch.softmax(torch.tanh(s @ W_q + H @ W_k) @ v, -1)  # step 2 already done
+
+
+SCORE_BUGS = {
+    "no_tanh": _no_tanh,
+    "tanh_after_v": _tanh_after_v,
+    "v_ignored": _v_ignored,
+    "weight_matrices_swapped": _swapped,
+    "returns_softmax_weights": _returns_weights,
+}
+
+
+def _score_cases(g):
+    def r(*shape, scale=1.0):
+        return torch.randn(shape, generator=g, dtype=torch.float64) * scale
+    return [
+        Case("d_s = d_h = d_a 的小例子", (r(3), r(4, 3), r(3, 3), r(3, 3), r(3)),
+             note="一个查询 s (3,)，n = 4 个键，W_q、W_k 都是 3×3。", tags=frozenset({"square"})),
+        Case("双向编码器：d_h = 2 d_s", (r(4), r(5, 8), r(4, 3), r(8, 3), r(3)),
+             note="s (4,)，H (5, 8)，W_q (4, 3)，W_k (8, 3)，v (3,)：两个矩阵的形状不同。"),
+        Case("输入很大：tanh 饱和", (r(3, scale=30.0), r(6, 3, scale=30.0), r(3, 2), r(3, 2),
+                                r(2)),
+             note="s 和 H 的分量大到几十，分数仍被 ‖v‖₁ 限住。", tags=frozenset({"big"})),
+    ]
+
+
+def _score_hint(f):
+    if f.kind == "exception" and "mat" in str(f.exc) and "shape" in str(f.exc).lower():
+        return ("矩阵形状对不上：W_q (d_s, d_a) 作用于查询 s，W_k (d_h, d_a) 作用于键 H；"
+                "d_h ≠ d_s 时（双向编码器）两者不能互换。")
+    if f.kind != "value":
+        return None
+    args = [f.inputs[k] for k in ("s", "H", "W_q", "W_k", "v")]
+    if close(f.got, _no_tanh(*args)):
+        return "少了 tanh：e_i = v·tanh(s W_q + h_i W_k)，tanh 作用在 d_a 维的隐层上，然后才与 v 做点积。"
+    if close(f.got, _tanh_after_v(*args)):
+        return ("tanh 放错了位置：先对 d_a 维的 s W_q + h_i W_k 逐元素取 tanh，再与 v 做点积；"
+                "tanh(v·(…)) 把分数压进 (−1, 1)。")
+    if close(f.got, _v_ignored(*args)):
+        return "隐层的 d_a 个分量要按 v 加权：tanh(…) @ v，而不是直接 .sum(-1)（那等于 v 全是 1）。"
+    if "square" in f.case.tags and close(f.got, _swapped(*args)):
+        return "两个矩阵用反了：W_q 乘查询 s，W_k 乘键 h_i。"
+    if close(f.got, _returns_weights(*args)):
+        return "这是第 1 步：返回分数 e 本身，softmax 是第 2 步。"
+    return "对照这一例手算：e_i = v·tanh(s W_q + h_i W_k)，s W_q 对每个 h_i 都一样（广播）。"
+
+
+# --------------------------------------------------------------------------- ch03.context
+def context(scores, H, mask):
+    """Context vectors ``softmax(scores masked) @ H`` (chapter 03, eq-ch03-context): ``(T, d)``."""
+    return _lib_masked_softmax(scores.masked_fill(~mask, NEG_INF)) @ H
+
+
+def _over_queries(scores, H, mask):
+    return torch.softmax(scores.masked_fill(~mask, NEG_INF), 0).nan_to_num(0.0) @ H
+
+
+def _padding_attended(scores, H, mask):
+    return torch.softmax(scores, -1) @ H
+
+
+def _mask_after_softmax(scores, H, mask):
+    return (torch.softmax(scores, -1) * mask) @ H           # zeroed, but no longer sums to 1
+
+
+def _not_normalised(scores, H, mask):
+    e = scores.masked_fill(~mask, NEG_INF)
+    return torch.exp(e - e.amax(-1, keepdim=True)) @ H
+
+
+def _raw_scores(scores, H, mask):
+    return scores.masked_fill(~mask, 0.0) @ H
+
+
+def _no_max(scores, H, mask):
+    p = torch.exp(scores.masked_fill(~mask, NEG_INF))
+    return p / p.sum(-1, keepdim=True) @ H
+
+
+CONTEXT_BUGS = {
+    "softmax_over_queries": _over_queries,
+    "padding_attended": _padding_attended,
+    "mask_after_softmax": _mask_after_softmax,
+    "not_normalised": _not_normalised,
+    "scores_used_as_weights": _raw_scores,
+    "no_max_subtraction": _no_max,
+}
+
+
+def _context_cases(g):
+    def r(*shape, scale=1.0):
+        return torch.randn(shape, generator=g, dtype=torch.float64) * scale
+    real = torch.ones(4, dtype=torch.bool)
+    padded = torch.tensor([True, True, True, False, False])
+    return [
+        Case("一个查询，没有填充", (r(1, 4), r(4, 3), real), note="T = 1，n = 4，d = 3。"),
+        Case("三个查询，最后两个位置是填充", (r(3, 5), r(5, 2), padded),
+             note="mask = [T, T, T, F, F]：填充位置的权重应恰为 0，其余权重之和为 1。",
+             tags=frozenset({"padded"})),
+        Case("分数很大", (1000.0 + r(2, 4, scale=5.0), r(4, 3), real),
+             note="分数在 1000 上下：exp(1000) 在 float64 里溢出成 inf。",
+             tags=frozenset({"big"})),
+    ]
+
+
+def _context_hint(f):
+    scores, H, mask = f.inputs["scores"], f.inputs["H"], f.inputs["mask"]
+    if f.kind in ("nan", "inf") and "big" in f.case.tags:
+        return "分数上千时 exp 溢出成 inf，inf/inf = NaN：先减去每行的最大值（softmax 不变），再取 exp。"
+    if f.kind not in ("value", "nan"):
+        return None
+    if close(f.got, _over_queries(scores, H, mask)):
+        return "softmax 沿错了维度：每个查询（每一行）在 n 个源位置上归一化，dim=-1，不是 dim=0。"
+    if close(f.got, _padding_attended(scores, H, mask)):
+        return "填充位置也分到了权重：softmax 之前把 mask 为 False 的分数置为 −inf。"
+    if close(f.got, _mask_after_softmax(scores, H, mask)):
+        return ("softmax 之后再把填充位置清零，剩下的权重之和就不再是 1："
+                "应在 softmax 之前把填充位置的分数置为 −inf。")
+    if close(f.got, _not_normalised(scores, H, mask)):
+        return "exp 之后还要除以每行的和，α 才是概率分布（Σ_i α_i = 1）。"
+    if close(f.got, _raw_scores(scores, H, mask)):
+        return "分数不能直接当权重用：先做 softmax（第 2 步），再加权求和（第 3 步）。"
+    return "对照这一例：α = softmax(分数，填充处为 −inf)，每行和为 1；上下文 = α @ H。"
+
+
+register(Exercise("ch03.additive_score", "加性（Bahdanau）分数", additive_score, SCORE_BUGS,
+                  _score_cases, (_score_hint,)))
+register(Exercise("ch03.context", "从分数到上下文向量", context, CONTEXT_BUGS,
+                  _context_cases, (_context_hint,)))
