@@ -9,11 +9,14 @@ fresh value differs from the committed JSON by more than ``--rtol`` (default 1e-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import hashlib
 import json
 import os
 import platform
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -57,6 +60,20 @@ def _machine() -> str:
             f"python {platform.python_version()}, 1 thread")
 
 
+@contextlib.contextmanager
+def _write_lock(path: Path):
+    """Hold an exclusive lock (where the OS has fcntl) from reading the committed rows to writing."""
+    try:
+        import fcntl
+    except ImportError:                          # Windows: no lock; run one writer at a time
+        yield
+        return
+    name = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    with open(Path(tempfile.gettempdir()) / f"attnbook-experiments-{name}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
 def _old_rows(path: Path) -> list:
     return json.loads(path.read_text(encoding="utf-8"))["rows"] if path.exists() else []
 
@@ -86,18 +103,19 @@ def main(argv=None, registry=None) -> int:
         for line in problems:
             print(f"experiments --check: {line}", file=sys.stderr)
         return 1 if problems else 0
-    if args.only:                               # merge into the committed rows of other claims
-        mine = {e.name for e in chosen}
-        old = [r for r in _old_rows(args.json) if r["claim"] not in mine]
-        rows = sorted(old + rows, key=lambda r: (r["claim"], r["seed"]))
-        every = [core.get(n, registry) for n in sorted({r["claim"] for r in rows})]
-        summaries = [core.summarize(e, rows) for e in every]
-        bad = core.failures(summaries)          # the files must not hide a failing claim
-    meta = dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                machine=_machine(),
-                command="python3 make.py experiments" + (f" --only {' '.join(args.only)}" if args.only else ""),
-                seeds=args.seeds, seconds=round(seconds, 1))
-    core.write_outputs(rows, summaries, meta, md=args.md, raw=args.json, module=args.module)
+    with _write_lock(args.json):                # concurrent --only runs must not lose rows
+        if args.only:                           # merge into the committed rows of other claims
+            mine = {e.name for e in chosen}
+            old = [r for r in _old_rows(args.json) if r["claim"] not in mine]
+            rows = sorted(old + rows, key=lambda r: (r["claim"], r["seed"]))
+            every = [core.get(n, registry) for n in sorted({r["claim"] for r in rows})]
+            summaries = [core.summarize(e, rows) for e in every]
+            bad = core.failures(summaries)      # the files must not hide a failing claim
+        meta = dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                    machine=_machine(),
+                    command="python3 make.py experiments" + (f" --only {' '.join(args.only)}" if args.only else ""),
+                    seeds=args.seeds, seconds=round(seconds, 1))
+        core.write_outputs(rows, summaries, meta, md=args.md, raw=args.json, module=args.module)
     print(f"wrote {args.md}, {args.json} and {args.module}")
     for line in bad:
         print(f"experiments: {line}", file=sys.stderr)
