@@ -1,0 +1,209 @@
+"""Chapter 02's exercises: a sequence's log-probability by the chain rule, and the
+teacher-forced token-mean cross-entropy.
+
+``ch02.sequence_logprob(logits, tokens)``: the decoder's logits at every position of one output
+``(T, V)`` (position t conditioned on ``y_<t`` and x) and the output's tokens ``(T,)``, EOS
+last; return ``log P(y|x) = sum_t log softmax(logits_t)[y_t]`` (eq. eq-ch02-chain-eos) as a
+0-dim tensor. The classic bugs: raw logits instead of log-probabilities, a product of
+probabilities that underflows to 0 (log 0 = -inf) on a long output, exp without the max
+subtracted (inf/inf = NaN on large logits), the logits shifted by one position against the
+tokens, the EOS term dropped, the mean instead of the sum, the softmax over the wrong axis.
+
+``ch02.token_cross_entropy(logits, target, pad_id)``: logits ``(B, T, V)``, targets ``(B, T)``
+padded with ``pad_id``; return the token-mean cross-entropy of eq. eq-ch02-token-ce (the
+negative log-likelihood summed over the real tokens, divided by their number). The classic
+bugs: PAD counted as a target, the mean of the sentence means, the sum, the sum divided by the
+batch size, the PAD id hard-coded as 0.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ._core import Case, Exercise, register
+from ._report import close
+
+
+def sequence_logprob(logits, tokens):
+    """log P(y|x) of one output by the chain rule (chapter 02, eq-ch02-chain-eos)."""
+    logp = logits.log_softmax(-1)                                # (T, V)
+    return logp.gather(-1, tokens[:, None])[:, 0].sum()
+
+
+def _picked(logits, tokens):
+    return logits.gather(-1, tokens[:, None])[:, 0]
+
+
+def _raw_logits(logits, tokens):
+    return _picked(logits, tokens).sum()
+
+
+def _product(logits, tokens):
+    return torch.log(_picked(logits.softmax(-1), tokens).prod())
+
+
+def _no_max(logits, tokens):
+    e = logits.exp()
+    return torch.log(_picked(e / e.sum(-1, keepdim=True), tokens)).sum()
+
+
+def _shifted(logits, tokens):
+    return _picked(logits.log_softmax(-1)[:-1], tokens[1:]).sum()
+
+
+def _eos_dropped(logits, tokens):
+    return _picked(logits.log_softmax(-1), tokens)[:-1].sum()
+
+
+def _mean(logits, tokens):
+    return _picked(logits.log_softmax(-1), tokens).mean()
+
+
+def _wrong_axis(logits, tokens):
+    return _picked(logits.log_softmax(0), tokens).sum()
+
+
+LOGPROB_BUGS = {
+    "raw_logits_summed": _raw_logits,
+    "product_underflows": _product,
+    "exp_without_max": _no_max,
+    "logits_shifted_by_one": _shifted,
+    "eos_term_dropped": _eos_dropped,
+    "mean_not_sum": _mean,
+    "softmax_over_wrong_axis": _wrong_axis,
+}
+
+
+def _logprob_cases(g):
+    f64 = torch.float64
+
+    def draw(t, v, scale=1.0, shift=0.0):
+        logits = scale * torch.randn(t, v, generator=g, dtype=f64) + shift
+        return logits, torch.randint(1, v, (t,), generator=g).index_fill_(0, torch.tensor([t - 1]), 0)
+
+    return [
+        Case("一个 5 个词元的输出（最后一个是 EOS = 0）", draw(5, 6),
+             note="logits 形状 (5, 6)：第 t 行是模型在看过 y_<t 之后给第 t 个词元的 logit。"),
+        Case("一个 400 个词元的长输出", draw(400, 50),
+             note="每个词元的概率约 1/50，整句的概率约 e^-1600：直接连乘会下溢成 0。",
+             tags=frozenset({"long"})),
+        Case("logit 很大（上千）的输出", draw(6, 5, scale=300.0, shift=1000.0),
+             note="logit 的量级上千：exp(logit) 会上溢成 inf（float64 到 e^709 为止）。", tags=frozenset({"large"})),
+    ]
+
+
+def _logprob_hint(f):
+    if f.kind == "inf" and "long" in f.case.tags:
+        return ("概率连乘下溢成了 0，log 0 = −inf：在对数空间里把每一步的 log P 相加，"
+                "logits.log_softmax(-1) 再 gather，而不是先连乘概率再取对数。")
+    if f.kind in ("nan", "inf") and "large" in f.case.tags:
+        return ("exp(logit) 上溢成 inf（inf/inf = NaN，有限数/inf = 0，log 0 = −inf）：用 log_softmax（它先减去每行的最大值），"
+                "不要自己写 exp(x) / exp(x).sum()。")
+    if f.kind != "value":
+        return None
+    logits, tokens, got = f.inputs["logits"], f.inputs["tokens"], f.got
+    alternatives = {
+        "raw": _raw_logits(logits, tokens),
+        "shift": _shifted(logits, tokens), "eos": _eos_dropped(logits, tokens),
+        "mean": _mean(logits, tokens), "axis": _wrong_axis(logits, tokens)}
+    if close(got, alternatives["raw"]):
+        return ("像是直接把 logit 加起来了：logit 不是对数概率，先做 log_softmax(-1)"
+                "（每一行减去自己的 logsumexp）再取 y_t 那一项。")
+    if close(got, alternatives["shift"]):
+        return ("logits 与词元错开了一位：第 t 行已经是 P(y_t | y_<t, x) 的 logit，"
+                "直接与 tokens[t] 配对，不要再移位。")
+    if close(got, alternatives["eos"]):
+        return "少了最后一项：EOS 的对数概率也属于 log P(y|x)，“什么时候停”也是模型的输出。"
+    if close(got, alternatives["mean"]):
+        return "这是每个词元的平均对数概率；整句的 log P(y|x) 是各项之和（链式法则是连乘）。"
+    if close(got, alternatives["axis"]):
+        return "softmax 沿错了维度：每个位置在词表上归一，用 log_softmax(dim=-1)。"
+    return None
+
+
+register(Exercise("ch02.sequence_logprob", "一个输出的对数概率", sequence_logprob,
+                  LOGPROB_BUGS, _logprob_cases, (_logprob_hint,)))
+
+
+def token_cross_entropy(logits, target, pad_id):
+    """Token-mean cross-entropy over the non-PAD targets (chapter 02, eq-ch02-token-ce)."""
+    return F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=pad_id)
+
+
+def _nll(logits, target):
+    return -logits.log_softmax(-1).gather(-1, target[..., None])[..., 0]     # (B, T)
+
+
+def _pad_counted(logits, target, pad_id):
+    return _nll(logits, target).mean()
+
+
+def _sentence_means(logits, target, pad_id):
+    keep = target != pad_id
+    return ((_nll(logits, target) * keep).sum(1) / keep.sum(1)).mean()
+
+
+def _summed(logits, target, pad_id):
+    return (_nll(logits, target) * (target != pad_id)).sum()
+
+
+def _per_batch(logits, target, pad_id):
+    return _summed(logits, target, pad_id) / target.shape[0]
+
+
+def _pad_zero(logits, target, pad_id):
+    return token_cross_entropy(logits, target, 0)
+
+
+CE_BUGS = {
+    "pad_counted": _pad_counted,
+    "mean_of_sentence_means": _sentence_means,
+    "summed_not_averaged": _summed,
+    "divided_by_batch_size": _per_batch,
+    "pad_id_hardcoded_zero": _pad_zero,
+}
+
+
+def _ce_cases(g):
+    f64 = torch.float64
+
+    def draw(lengths, v, pad_id, lo):
+        b, t = len(lengths), max(lengths)
+        logits = torch.randn(b, t, v, generator=g, dtype=f64)
+        target = torch.randint(lo, v, (b, t), generator=g)
+        for i, n in enumerate(lengths):
+            target[i, n:] = pad_id
+        return logits, target, pad_id
+
+    return [
+        Case("三个长短不一的目标（PAD = 0）", draw([2, 5, 3], 7, 0, 1),
+             note="目标长度 2、5、3，补齐到 5：10 个真实词元，5 个 PAD。",
+             tags=frozenset({"pad"})),
+        Case("PAD 的编号不是 0", draw([4, 1, 6, 2], 8, 7, 0),
+             note="pad_id = 7；编号 0 在这里是一个普通词元，也出现在目标里。",
+             tags=frozenset({"pad7"})),
+    ]
+
+
+def _ce_hint(f):
+    if f.kind != "value":
+        return None
+    logits, target, pad_id, got = f.inputs["logits"], f.inputs["target"], f.inputs["pad_id"], f.got
+    n_tok = int((target != pad_id).sum())
+    if close(got, _pad_counted(logits, target, pad_id)):
+        return ("PAD 也被当成了要预测的目标：只对 target != pad_id 的位置求和，"
+                "除以真实词元数（F.cross_entropy 的 ignore_index=pad_id）。")
+    if close(got, _sentence_means(logits, target, pad_id)):
+        return ("这是先在每个句子内平均、再对句子平均：短句的每个词元权重更大。"
+                f"应把所有真实词元的负对数似然加起来，除以词元总数（这里是 {n_tok}）。")
+    if close(got, _summed(logits, target, pad_id)):
+        return f"这是总和；还要除以真实词元的个数 N_tok（这里是 {n_tok}），不是按句子数。"
+    if close(got, _per_batch(logits, target, pad_id)):
+        return f"除以的是句子数；按词元平均要除以真实词元的个数 N_tok（这里是 {n_tok}）。"
+    if close(got, _pad_zero(logits, target, pad_id)):
+        return "PAD 的编号写死成了 0：用传入的 pad_id（ignore_index=pad_id）。"
+    return None
+
+
+register(Exercise("ch02.token_cross_entropy", "按词元平均的交叉熵", token_cross_entropy,
+                  CE_BUGS, _ce_cases, (_ce_hint,)))
