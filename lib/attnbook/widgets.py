@@ -18,7 +18,7 @@ import numpy as np
 
 from ._checks import check_int, check_bool
 
-__all__ = ["explore", "is_static", "static_settings"]
+__all__ = ["explore", "explore_text", "is_static", "static_settings"]
 
 STATIC_NOTE = "*这是静态版本（几组代表性取值）。在 Jupyter 或 Colab 中运行本章，即可用滑块等控件交互探索。*"
 
@@ -301,3 +301,62 @@ def explore(fn: Callable[..., object], *, static: Sequence[Mapping[str, object]]
     if is_static():
         ipy_display(Markdown(STATIC_NOTE))
     return None
+
+
+def explore_text(fn: Callable[..., str], *, static: Sequence[Mapping[str, object]] | None = None,
+                 display: bool = True, **controls):
+    """``explore`` for a function that returns text instead of a figure (chapter 11's poems).
+
+    Live (Jupyter, Colab): the controls, and below them ``fn(**values)`` as preformatted text,
+    redrawn after every change (a ``ValueError`` from ``fn`` shows its message). Static (the
+    book): a Markdown gallery, one block per setting of ``static`` (default: as ``explore``),
+    headed by the setting. Text needs no font in a figure, so Chinese output renders
+    everywhere. Arguments as :func:`explore`; ``fn`` must return a str.
+    """
+    controls = _validate(fn, static, None, controls)
+    display = check_bool("display", display, fn="explore_text")
+
+    def text(values):
+        out = fn(**values)
+        if not isinstance(out, str):
+            raise TypeError(f"explore_text: `fn` must return a str, got {type(out).__name__}")
+        return out
+
+    if is_static():
+        from IPython.display import Markdown
+        settings = list(static) if static is not None else static_settings(fn, controls)
+        settings = [{**{n: _default(fn, n, sp) for n, sp in controls.items()}, **s} for s in settings]
+        blocks = [f"**{_label(s)}**\n\n```text\n{text(s)}\n```" for s in settings]
+        result = Markdown("\n\n".join(blocks + [STATIC_NOTE]))
+    else:
+        import ipywidgets as W
+        from IPython.display import display as ipy_display
+
+        def draw(**values):
+            try:
+                ipy_display(_Text(text(values)))
+            except ValueError as err:
+                ipy_display(_Message(str(err)))
+
+        kwargs = {n: _make_widget(n, sp, _default(fn, n, sp)) for n, sp in controls.items()}
+        result = W.VBox([*kwargs.values(), W.interactive_output(draw, kwargs)])
+    if not display:
+        return result
+    from IPython.display import display as ipy_display
+    ipy_display(result)
+    return None
+
+
+class _Text:
+    """Preformatted text in the Output area (plain text and HTML)."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return f'<pre style="white-space:pre-wrap;font-size:1.1em">{html.escape(self.text)}</pre>'
