@@ -19,6 +19,8 @@ What counts as a use (a chapter's markdown cells, cells 0 and 1 excluded: title/
   right before or after it (so `attention` inside `cross-attention` is not a use);
 - a one-character key (键, 值) counts only where it is glossed, written `键（key）` with one of
   its English aliases, because the bare character is part of too many words (最大值, 键盘);
+  so do the keys in GLOSSED_ONLY, ordinary words that the book also uses in another sense
+  (记忆: chapter 10's encoder output, but chapter 07's "键–值记忆");
 - an occurrence that touches an emphasis delimiter from the inside (`称为**注意力**，`) where the
   link would break the emphasis under CommonMark's flanking rules, or that a backtick follows
   directly, is skipped, and the next one is linked;
@@ -64,6 +66,8 @@ _ASCII_WORD = re.compile(r"[A-Za-z0-9_\-]")
 _PROSE_BLOCKS = {"paragraph_open", "table_open", "dt_open"}
 # A bare URL: Markdown has no token for it (the book's linkify makes it a link in HTML).
 _BARE_URL = re.compile(r"https?://[^\s）)，。、]+")
+
+GLOSSED_ONLY = frozenset({"记忆"})   # linked only where glossed, like 键 and 值
 
 
 # ------------------------------------------------------------------------------ the glossary
@@ -267,14 +271,15 @@ class Matcher:
                     continue
                 if name[-1].isalnum() and j < len(text) and _ASCII_WORD.match(text[j]):
                     continue
-            if len(name) == 1 and name == entry.key and not self._glossed(text, j, entry):
+            if (len(name) == 1 or name in GLOSSED_ONLY) and name == entry.key \
+                    and not self._glossed(text, j, entry):
                 continue
             return name, entry
         return None
 
     @staticmethod
     def _glossed(text: str, j: int, entry: Entry) -> bool:
-        """Is the one-character key ending at j followed by `（alias）` or `(alias)`?"""
+        """Is the key ending at j followed by `（alias）` or `(alias)`?"""
         m = re.match(r"\s*[（(]\s*([^（）()]+?)\s*[）)]", text[j:j + 60])
         return bool(m) and m.group(1).casefold() in {a.casefold() for a in entry.aliases}
 

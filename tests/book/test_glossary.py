@@ -142,6 +142,10 @@ LayerNorm
 Pre-LN
 pre-normalization
    子层入口处归一化。
+
+记忆
+memory
+   编码器的输出。
 ```
 """
 
@@ -160,7 +164,7 @@ def _linked(text: str, entries) -> str:
 
 
 def test_parse_glossary_reads_keys_aliases_and_definitions(sample):
-    assert [e.key for e in sample] == ["注意力", "自注意力", "注意力权重", "键", "层归一化", "Pre-LN"]
+    assert [e.key for e in sample] == ["注意力", "自注意力", "注意力权重", "键", "层归一化", "Pre-LN", "记忆"]
     assert sample[4].aliases == ("layer normalization", "LayerNorm")
     assert sample[4].definition == "沿特征维归一化。\n第二行。"
     assert glossary.ref_targets(sample[0].definition) == [("第 3 章", "sec-ch03-steps")]
@@ -196,6 +200,8 @@ LINKED = {
     "ascii term alone": ("两层 Pre-LN 模型。", "两层 {term}`Pre-LN` 模型。"),
     "one-character key only where glossed": ("按键盘上的键。查询与键（key）做点积。", "按键盘上的键。查询与{term}`键`（key）做点积。"),
     "one-character key, ASCII parentheses": ("键(Key)也行。", "{term}`键`(Key)也行。"),
+    "a GLOSSED_ONLY word only where glossed": ("键–值记忆不算。编码器的记忆（memory）算。",
+                                                "键–值记忆不算。编码器的{term}`记忆`（memory）算。"),
     "roles, links, URLs and HTML are not prose": (
         "见{ref}`注意力 <sec-x>`、{eq}`注意力`、[注意力](https://x.org/注意力)、"
         "<https://注意力.org>、https://x.org/注意力、<b title=\"注意力\">粗</b>。注意力。",
