@@ -47,8 +47,12 @@ __all__ = [
     "activation_derivative",
     "clip_grad_norm",
     "clip_grad_value",
+    "flat_grad",
     "jacobian_norms",
     "jacobian_product",
+    "orthogonal",
+    "product_norms",
+    "rnn_with",
     "step_jacobians",
 ]
 
@@ -379,3 +383,46 @@ def clip_grad_value(parameters, clip_value: float) -> None:
     clip_value, grads = _check_clip("clip_grad_value", parameters, clip_value)
     for g in grads:
         g.clamp_(min=-clip_value, max=clip_value)
+
+
+def orthogonal(n: int, generator: torch.Generator | None = None, *,
+               dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """A uniformly random (Haar) orthogonal ``n x n`` matrix: QR of a Gaussian, signs fixed by diag(R).
+
+    Chapter 01 builds ``W_hh = s Q`` from it, so that ``s_max = rho = s``.
+    """
+    n = check_int("n", n, fn="orthogonal", minimum=1)
+    q, r = torch.linalg.qr(torch.randn(n, n, generator=generator, dtype=dtype))
+    return q * torch.sign(torch.diagonal(r))
+
+
+def rnn_with(W_hh: torch.Tensor, *, nonlinearity: str = "tanh", b: torch.Tensor | None = None) -> SimpleRNN:
+    """A float64 :class:`SimpleRNN` with the given ``W_hh`` (d, d), ``W_xh = I`` (inputs enter directly)
+    and bias ``b`` (d,) or none (chapter 01's measurements)."""
+    check_tensor("W_hh", W_hh, fn="rnn_with", min_ndim=2)
+    n_h = W_hh.shape[0]
+    if tuple(W_hh.shape) != (n_h, n_h):
+        raise ValueError(f"rnn_with: `W_hh` must be square, got shape {tuple(W_hh.shape)}")
+    if b is not None and tuple(b.shape) != (n_h,):
+        raise ValueError(f"rnn_with: `b` must have shape ({n_h},), got {tuple(b.shape)}")
+    net = SimpleRNN(n_h, n_h, nonlinearity=nonlinearity, bias=b is not None, dtype=torch.float64)
+    with torch.no_grad():
+        net.W_hh.copy_(W_hh)
+        net.W_xh.copy_(torch.eye(n_h, dtype=torch.float64))
+        if b is not None:
+            net.b.copy_(b)
+    return net
+
+
+@torch.no_grad()
+def product_norms(net: SimpleRNN, x: torch.Tensor) -> torch.Tensor:
+    """``||dh_t/dh_0||_2`` for t = 0..T along the trajectory that ``x`` (1, T, d_in) drives: shape (T + 1,)."""
+    return jacobian_norms(step_jacobians(net, net(x).z))[0]
+
+
+def flat_grad(parameters) -> torch.Tensor:
+    """Every existing ``.grad`` of ``parameters`` flattened and concatenated: the global gradient vector."""
+    grads = _grads("flat_grad", parameters)
+    if not grads:
+        raise ValueError("flat_grad: `parameters` must have at least one .grad, got none")
+    return torch.cat([g.flatten() for g in grads])

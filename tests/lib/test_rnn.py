@@ -386,3 +386,30 @@ def test_clip_grad_value_equals_torch_and_changes_direction():
 def test_clipping_rejects_bad_input(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+def test_orthogonal_rnn_with_product_norms_and_flat_grad():
+    from attnbook.rnn import flat_grad, orthogonal, product_norms, rnn_with
+    q = orthogonal(6, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(q @ q.T, torch.eye(6, dtype=F64), **TOL)
+    assert not torch.equal(q, orthogonal(6, torch.Generator().manual_seed(1)))
+    net = rnn_with(0.5 * q, b=torch.ones(6, dtype=F64))
+    x = 0.1 * torch.randn(1, 7, 6, generator=torch.Generator().manual_seed(2), dtype=F64)
+    # W_xh = I: z_1 = x_1 + b exactly
+    torch.testing.assert_close(net(x).z[0, 0], x[0, 0] + 1.0, **TOL)
+    norms = product_norms(net, x)
+    assert norms.shape == (8,) and norms[0] == 1.0
+    fac = step_jacobians(net, net(x).z.detach())
+    torch.testing.assert_close(norms[3], torch.linalg.matrix_norm(jacobian_product(fac, 3, 0)[0], ord=2),
+                               **TOL)
+    assert (norms[1:] <= 0.5 ** torch.arange(1, 8, dtype=F64) * (1 + 1e-12)).all()   # eq-ch01-bound
+    with pytest.raises(ValueError, match="rnn_with: `W_hh` must be square"):
+        rnn_with(torch.zeros(3, 4, dtype=F64))
+    with pytest.raises(ValueError, match="rnn_with: `b` must have shape"):
+        rnn_with(q, b=torch.ones(3, dtype=F64))
+    a, b = torch.zeros(2, requires_grad=True), torch.zeros(3, requires_grad=True)
+    a.grad, b.grad = torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0, 5.0])
+    c = torch.zeros(1, requires_grad=True)                      # .grad is None: skipped
+    assert torch.equal(flat_grad([a, c, b]), torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]))
+    with pytest.raises(ValueError, match="flat_grad: `parameters` must have at least one .grad"):
+        flat_grad([c])
