@@ -51,7 +51,7 @@ class GPTOutput(NamedTuple):
 
 
 class DecoderBlock(nn.Module):
-    """Chapter 10's Pre-LN decoder layer without cross-attention (chapter 11, eq-ch11-block).
+    """Chapter 10's Pre-LN decoder layer without cross-attention (chapter 11, eq-ch11-gpt).
 
         x = x + SelfAttn(LN_1(x))   (causal);      x = x + FFN(LN_2(x))
 
