@@ -55,11 +55,12 @@ def _none(t):
 
 def tiled_loop(q, k, v, block_q, block_k, causal=False, trace=None, rescale=True,
                traffic=None):
-    """Eq. eq-ch09-fa2 for one head: ``q (T, d)``, ``k (Tk, d)``, ``v (Tk, dv)`` -> (O, lse).
+    """Eq. eq-ch09-fa2 for one head: q (T, d), k (Tk, d), v (Tk, dv) -> (O, lse).
 
     Args:
-        block_q, block_k: tile sizes B_r, B_c. causal: top-left aligned (key j <= query i).
-        trace: a list that receives ``(i, j, m_i, l_i, acc)`` after every tile, or None.
+        block_q, block_k: tile sizes B_r, B_c.
+        causal: top-left aligned (key j <= query i).
+        trace: a list that receives ``(i, j, m_i, l_i, acc)`` after every tile.
         rescale: False forgets alpha (a control: that is what the rescaling is for).
         traffic: a :class:`Traffic` that counts the HBM reads and writes, or None.
     Returns: ``(O, lse)``, shapes ``(T, dv)`` and ``(T,)``.
@@ -73,7 +74,8 @@ def tiled_loop(q, k, v, block_q, block_k, causal=False, trace=None, rescale=True
         m_i = q.new_full((n, 1), -math.inf)
         l_i = q.new_zeros(n, 1)
         acc = q.new_zeros(n, v.shape[1])
-        for j0 in range(0, min(Tk, i0 + n) if causal else Tk, block_k):  # skip j > i tiles
+        # causal: the key tiles entirely after the last query of this tile are skipped
+        for j0 in range(0, min(Tk, i0 + n) if causal else Tk, block_k):
             s = q_i @ rd(k[j0:j0 + block_k]).T  # S_ij (n, m)
             if causal:  # key j > query i is hidden (only tiles on the diagonal need it)
                 rows = torch.arange(i0, i0 + n)[:, None]
@@ -93,10 +95,11 @@ def tiled_loop(q, k, v, block_q, block_k, causal=False, trace=None, rescale=True
 
 
 def fa1_loop(q, k, v, block_q, block_k, traffic=None):
-    """FlashAttention-1's loop order (Alg. 1, eq. eq-ch09-fa1) for one head -> O ``(T, dv)``.
+    """FlashAttention-1's loop order (Alg. 1, eq. eq-ch09-fa1), one head -> O (T, dv).
 
-    Key tiles outside, query tiles inside; the normalised ``O_i`` and ``l_i, m_i`` live in HBM
-    and are read and written at every (key tile, query tile) pair. ``traffic`` counts them.
+    Key tiles outside, query tiles inside; the normalised ``O_i`` and ``l_i, m_i`` live
+    in HBM and are read and written at every (key tile, query tile) pair. ``traffic``
+    counts them.
     """
     rd, wr = (traffic.read, traffic.write) if traffic is not None else (_none, _none)
     T, dv = q.shape[0], v.shape[1]
