@@ -117,22 +117,23 @@ def run_poems(seed: int) -> dict:
 
 
 register("ch11.perplexity", chapter="11", run=run_poems,
-         claim="训练 400 步的小 GPT 在留出的诗上困惑度低于二元模型（bigram）的 0.9 倍，二元模型又低于一元模型的 0.6 倍；"
+         claim="训练 400 步的小 GPT 在留出的诗上困惑度低于二元模型（bigram），二元模型又低于一元模型的 0.6 倍；"
                "训练前的模型比一元模型还差",
-         rule="ppl_model < 0.9 ppl_bigram; ppl_bigram < 0.6 ppl_unigram; ppl_init > ppl_unigram",
-         holds=lambda m: m["ppl_model"] < 0.9 * m["ppl_bigram"]
+         rule="ppl_model < ppl_bigram; ppl_bigram < 0.6 ppl_unigram; ppl_init > ppl_unigram",
+         notes="A first version asked ppl_model < 0.9 ppl_bigram; seed 2 gives 244 against 256.5.",
+         holds=lambda m: m["ppl_model"] < m["ppl_bigram"]
          and m["ppl_bigram"] < 0.6 * m["ppl_unigram"] and m["ppl_init"] > m["ppl_unigram"],
          quoted=("ppl_model", "ppl_init"), fmt=".0f")
 register("ch11.form", chapter="11", run=run_poems,
-         claim="训练后的 GPT 从 BOS 采样（温度 1）的诗，过半行数、字数和标点全对，字数对的诗里过半第 2、4 句押韵；"
-               "未训练的模型和二元模型采样的诗几乎没有一首格式对",
-         rule="well_formed_gpt > 0.5; rhyme_of_shaped_gpt > 0.5; well_formed_init < 0.05; "
-              "well_formed_bigram < 0.05",
-         holds=lambda m: m["well_formed_gpt"] > 0.5 and m["rhyme_of_shaped_gpt"] > 0.5
+         claim="训练后的 GPT 从 BOS 采样（温度 1）的诗，过半行数、字数和标点全对；未训练的模型和二元模型几乎没有一首格式对；"
+               "但字数对的诗里第 2、4 句末字同韵的比例仍在随机水平（约 0.1，真实绝句约 0.85）：400 步没有学会押韵",
+         rule="well_formed_gpt > 0.5; well_formed_init < 0.05; well_formed_bigram < 0.05; "
+              "rhyme_of_shaped_gpt < 0.3",
+         notes="A first version asked rhyme_of_shaped_gpt > 0.5; the five seeds give 0.03-0.17.",
+         holds=lambda m: m["well_formed_gpt"] > 0.5 and m["rhyme_of_shaped_gpt"] < 0.3
          and m["well_formed_init"] < 0.05 and m["well_formed_bigram"] < 0.05,
          quoted=("well_formed_gpt", "rhyme_of_shaped_gpt", "well_formed_bigram",
-                 "copied4_gpt"))
-
+                 "copied4_gpt"), fmt=".3f")
 
 SWEEP = (("greedy", dict(temperature=0.0)), ("T=0.7", dict(temperature=0.7)),
          ("T=1", dict(temperature=1.0)), ("T=1.3", dict(temperature=1.3)),
@@ -163,8 +164,8 @@ def sweep_summary(sweep: dict) -> dict:
 
 
 register("ch11.sampling", chapter="11", run=run_poems,
-         claim="贪心解码从 BOS 只写出一首诗，且诗内重复的字比温度 1 采样多；温度 0.7 的格式对的比例不低于温度 1.3",
-         rule="greedy_distinct == 1/50; greedy_char_types < t1_char_types; wf_t07 >= wf_t13",
+         claim="贪心解码从 BOS 只写出一首诗，且诗内重复的字比温度 1 采样多；温度升到 1.3，格式对的比例低于温度 1",
+         rule="greedy_distinct == 1/50; greedy_char_types < t1_char_types; wf_t13 < wf_t1",
          holds=lambda m: abs(m["greedy_distinct"] - 1 / 50) < 1e-12
-         and m["greedy_char_types"] < m["t1_char_types"] and m["wf_t07"] >= m["wf_t13"],
+         and m["greedy_char_types"] < m["t1_char_types"] and m["wf_t13"] < m["wf_t1"],
          quoted=("greedy_char_types", "t1_char_types", "wf_t07", "wf_t1", "wf_t13", "wf_top_p"))
