@@ -206,7 +206,7 @@ def alibi_slopes(n_heads: int, *, dtype=None, device=None) -> torch.Tensor:
 
     For ``h`` a power of two: the geometric sequence with start and ratio
     ``2 ** (-8 / h)``, e.g. h = 8 gives 1/2, 1/4, ..., 1/256. Otherwise (the authors'
-    reference code): the slopes of the largest power of two ``c < h``, then every other
+    reference code): the slopes of the largest power of two ``c <= h``, then every other
     slope of ``2c`` (``2c``'s slopes at 0-based indices 0, 2, 4, ...), the first
     ``h - c`` of them.
 
