@@ -57,8 +57,8 @@ def run_performer(seed):
 
 
 register("ch09.performer", chapter="09", run=run_performer,
-         claim="正随机特征（Performer）逼近 softmax 注意力：特征数 m 从 16 增到 4096，相对误差按约 1/√m 下降、"
-               "m = 4096 时低于 0.1；elu + 1 的线性注意力与 m 无关，误差停在 0.1 以上（它是另一个模型）",
+         claim="正随机特征（Performer）逼近 softmax 注意力：特征数 F 从 16 增到 4096，相对误差按约 1/√F 下降、"
+               "F = 4096 时低于 0.1；elu + 1 的线性注意力与 F 无关，误差停在 0.1 以上（它是另一个模型）",
          rule="err_m16 > err_m256 > err_m4096; -0.7 < slope < -0.3; err_m4096 < 0.1; "
               "err_elu > 0.1; err_elu > 2 x err_m4096",
          holds=lambda m: m["err_m16"] > m["err_m256"] > m["err_m4096"]
