@@ -146,11 +146,12 @@ register("ch03.trained_variance", chapter="03", run=run_trained_variance,
                  "trained_var_over_d_128", "trained_comp_128"),
          fmt=".3f")
 register("ch03.length", chapter="03", run=run_length,
-         claim="同样的数据、步数、批大小与梯度裁剪下，参数略少的注意力模型在 10～12 位上大多正确，"
-               "第 2 章的无注意力模型几乎全错；两者在 3～4 位上都几乎全对",
+         claim="同样的数据、步数、批大小与梯度裁剪下，参数略少的注意力模型在 10～12 位上的整句正确率在每个种子上都"
+               "明显高于第 2 章的无注意力模型（后者几乎全错）；两者在 3～4 位上都几乎全对。注意力模型在 10～12 位上"
+               "的正确率随种子变化很大：300 步时并非每个种子都大多正确",
          rule="params_attn < params_plain; plain_short > 0.8; attn_short > 0.9; plain_long < 0.1; "
-              "attn_long > 0.5; gap_long > 0.4",
+              "gap_long > 0.2",
          holds=lambda m: m["params_attn"] < m["params_plain"] and m["plain_short"] > 0.8
-         and m["attn_short"] > 0.9 and m["plain_long"] < 0.1 and m["attn_long"] > 0.5
-         and m["gap_long"] > 0.4,
+         and m["attn_short"] > 0.9 and m["plain_long"] < 0.1 and m["gap_long"] > 0.2,
+         notes="A first rule also asked attn_long > 0.5 (seed 0 gives 0.975); seed 3 gives 0.287.",
          quoted=("plain_short", "plain_long", "attn_long", "gap_long"), fmt=".3f")
