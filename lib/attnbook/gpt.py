@@ -141,22 +141,28 @@ def _init(m: nn.Module) -> None:
             nn.init.zeros_(m.bias)
 
 
-def lm_loss(logits: torch.Tensor, ids: torch.Tensor, *, pad_id: int = 0) -> torch.Tensor:
-    """The causal language-model loss (chapter 11, eq-ch11-lm-loss; chapter 02's factorisation).
+def lm_loss(logits: torch.Tensor, ids: torch.Tensor, *,
+            pad_id: int = 0) -> torch.Tensor:
+    """The causal language-model loss (chapter 11, eq-ch11-lm-loss).
 
-        L = -1/N sum_t log p(x_{t+1} | x_<=t),   over the N positions whose target is not PAD
+        L = -1/N sum_t log p(x_{t+1} | x_<=t),   N = positions whose target is not PAD
 
-    ``logits`` ``(B, T, V)`` from ``GPT(ids)``, ``ids`` ``(B, T)``: the logits at position t
-    are scored against the token at t + 1 (the shift happens here).
+    Chapter 02's factorisation, one term per position. ``logits`` ``(B, T, V)`` from
+    ``GPT(ids)``, ``ids`` ``(B, T)``: the logits at position t are scored against the
+    token at t + 1 (the shift happens here).
     """
+    _check_lm_loss(logits, ids)
+    pred, target = logits[:, :-1], ids[:, 1:]               # position t predicts t + 1
+    return F.cross_entropy(pred.reshape(-1, pred.shape[-1]), target.reshape(-1),
+                           ignore_index=pad_id)
+
+
+def _check_lm_loss(logits, ids) -> None:
     check_tensor("logits", logits, fn="lm_loss")
     check_tensor("ids", ids, fn="lm_loss", floating=False)
     if logits.ndim != 3 or ids.shape != logits.shape[:2] or ids.shape[1] < 2:
-        raise ValueError(f"lm_loss: `logits` must be (B, T, V) and `ids` (B, T) with T >= 2, got "
-                         f"{tuple(logits.shape)} and {tuple(ids.shape)}")
-    pred, target = logits[:, :-1], ids[:, 1:]                         # position t predicts t + 1
-    return F.cross_entropy(pred.reshape(-1, pred.shape[-1]), target.reshape(-1),
-                           ignore_index=pad_id)
+        raise ValueError(f"lm_loss: `logits` must be (B, T, V) and `ids` (B, T) with T >= 2, "
+                         f"got {tuple(logits.shape)} and {tuple(ids.shape)}")
 
 
 @torch.no_grad()
@@ -175,28 +181,22 @@ def perplexity(model: GPT, ids: torch.Tensor, *, pad_id: int = 0, batch_size: in
 
 
 @torch.no_grad()
-def generate(model: GPT, prompt: torch.Tensor, *, max_new_tokens: int, temperature: float = 1.0,
-             top_k: int | None = None, top_p: float | None = None,
-             generator: torch.Generator | None = None, use_cache: bool = True,
-             eos_id: int | None = None) -> torch.Tensor:
+def generate(model: GPT, prompt: torch.Tensor, *, max_new_tokens: int,
+             temperature: float = 1.0, top_k: int | None = None,
+             top_p: float | None = None, generator: torch.Generator | None = None,
+             use_cache: bool = True, eos_id: int | None = None) -> torch.Tensor:
     """Continue ``prompt`` ``(B, T0)`` by sampling one token at a time (chapter 11).
 
-    Each step feeds only the newest token when ``use_cache`` (the blocks' ``KVCache`` hold the
-    rest), or the whole sequence again when not; both give the same logits (asserted in the
-    chapter and the tests). Tokens are drawn by ``decoding.sample_next`` (temperature, top-k,
-    top-p; ``temperature=0`` is greedy). Rows that produced ``eos_id`` keep producing it.
+    Each step feeds only the newest token when ``use_cache`` (the blocks' ``KVCache``
+    hold the rest), or the whole sequence again when not; both give the same logits
+    (asserted in the chapter and the tests). Tokens are drawn by ``sample_next``
+    (temperature, top-k, top-p; ``temperature=0`` is greedy). Rows that produced
+    ``eos_id`` keep producing it.
 
     Returns: ``(B, T0 + max_new_tokens)`` ids (fewer steps if every row has ended).
     """
-    from .decoding import sample_next
-    check_tensor("prompt", prompt, fn="generate", floating=False)
-    if prompt.ndim != 2 or prompt.shape[1] < 1 or prompt.dtype != torch.long:
-        raise ValueError(f"generate: `prompt` must be a (B, T0) LongTensor with T0 >= 1, got "
-                         f"{tuple(prompt.shape)} {prompt.dtype}")
-    max_new_tokens = check_int("max_new_tokens", max_new_tokens, fn="generate", minimum=0)
-    if prompt.shape[1] + max_new_tokens > model.config.n_positions and model.pos_emb is not None:
-        raise ValueError(f"generate: prompt length + `max_new_tokens` must be <= n_positions = "
-                         f"{model.config.n_positions}, got {prompt.shape[1] + max_new_tokens}")
+    from .sampling import sample_next
+    max_new_tokens = _check_generate(model, prompt, max_new_tokens)
     was = model.training
     model.eval()
     ids, cache = prompt, (model.new_cache() if use_cache else None)
@@ -205,7 +205,7 @@ def generate(model: GPT, prompt: torch.Tensor, *, max_new_tokens: int, temperatu
     for _ in range(max_new_tokens):
         logits = model(step_in, cache=cache).logits[:, -1]            # (B, V)
         nxt = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p,
-                          generator=generator)
+                          generator=generator)                        # (B,)
         if eos_id is not None:
             nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
             done = done | (nxt == eos_id)
@@ -215,6 +215,18 @@ def generate(model: GPT, prompt: torch.Tensor, *, max_new_tokens: int, temperatu
             break
     model.train(was)
     return ids
+
+
+def _check_generate(model, prompt, max_new_tokens) -> int:
+    check_tensor("prompt", prompt, fn="generate", floating=False)
+    if prompt.ndim != 2 or prompt.shape[1] < 1 or prompt.dtype != torch.long:
+        raise ValueError(f"generate: `prompt` must be a (B, T0) LongTensor with T0 >= 1, got "
+                         f"{tuple(prompt.shape)} {prompt.dtype}")
+    n = check_int("max_new_tokens", max_new_tokens, fn="generate", minimum=0)
+    if prompt.shape[1] + n > model.config.n_positions and model.pos_emb is not None:
+        raise ValueError(f"generate: prompt length + `max_new_tokens` must be <= n_positions = "
+                         f"{model.config.n_positions}, got {prompt.shape[1] + n}")
+    return n
 
 
 def _check_forward(model: GPT, ids, cache) -> int:
