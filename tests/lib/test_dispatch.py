@@ -196,6 +196,7 @@ def test_auto_decision_on_cuda(monkeypatch):
     """"auto" on CUDA: Triton when it can serve, the tiled kernel (never a failure) when it cannot."""
     class CudaLike:  # stands in for a CUDA tensor: this machine has no GPU
         is_cuda = True
+        dtype = torch.float16
 
     q = CudaLike()
     monkeypatch.setattr(dispatch, "check_attention_args", lambda *a, **k: 1.0)  # validated elsewhere
@@ -207,6 +208,23 @@ def test_auto_decision_on_cuda(monkeypatch):
     for why in ("triton is not installed", "bfloat16 needs compute capability >= 8.0 (found 7.5)"):
         monkeypatch.setitem(dispatch.BACKENDS, "triton", dispatch.Backend(fn, lambda *a, _w=why: (False, _w)))
         assert dispatch.choose_backend(q, q, q) == "tiled"
+
+
+def test_auto_keeps_float32_on_tiled_on_cuda(monkeypatch):
+    """The fp32 Triton kernel (IEEE products, never benchmarked) is not auto's choice; 16-bit is."""
+    class CudaLike:
+        is_cuda = True
+
+        def __init__(self, dtype):
+            self.dtype = dtype
+
+    monkeypatch.setattr(dispatch, "check_attention_args", lambda *a, **k: 1.0)
+    monkeypatch.setattr(dispatch.trust, "trusted", lambda *a, **k: True)
+    fn = dispatch.BACKENDS["triton"].fn
+    monkeypatch.setitem(dispatch.BACKENDS, "triton", dispatch.Backend(fn, lambda *a: (True, "")))
+    assert dispatch.choose_backend(*[CudaLike(torch.float32)] * 3) == "tiled"
+    for dtype in (torch.float16, torch.bfloat16):
+        assert dispatch.choose_backend(*[CudaLike(dtype)] * 3) == "triton"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -104,6 +104,9 @@ class _ScaleGrad(torch.autograd.Function):
 
 def install(monkeypatch, fake):
     monkeypatch.setitem(dispatch.BACKENDS, "triton", dispatch.Backend(fake, lambda *a: (True, "")))
+    # these tests are about the gate, in float32 (exact fakes); auto's dtype policy
+    # (16-bit only) has its own test in test_dispatch.py
+    monkeypatch.setattr(dispatch, "AUTO_TRITON_DTYPES", (torch.float16, torch.bfloat16, torch.float32))
     return fake
 
 
