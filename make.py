@@ -11,7 +11,7 @@ the built HTML), ``nb`` (nbval only), ``html`` (checks on an already built book)
 ``colab`` (refresh badges and setup cells from _config.yml's repository.url, link the first use
 of each glossary term in every chapter, and regenerate the Colab edition colab/),
 ``colab-test [NN ...]`` (run the Colab edition of every chapter, or of the given ones, in a
-simulated Colab runtime), ``bench`` (python -m attnbook.bench), ``experiments [--check]
+simulated Colab runtime), ``bench`` (python -m attnbook.bench), ``experiments [--check [--jobs N]]
 [--only ch08 ...]`` (python -m attnbook.experiments: every empirical claim over seeds 0-4 ->
 benchmarks/EXPERIMENTS.md and .json; --check runs them and fails naming a claim that no
 longer holds, writing nothing), ``clean``.

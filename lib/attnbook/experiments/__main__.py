@@ -1,4 +1,4 @@
-"""``python -m attnbook.experiments [--only ch08 ...] [--seeds 0 1 2 3 4] [--check] [--strict]``.
+"""``python -m attnbook.experiments [--only ch08 ...] [--seeds 0 1 2 3 4] [--check [--jobs N]] [--strict]``.
 
 Without ``--check``: run the claims, write benchmarks/EXPERIMENTS.md, benchmarks/EXPERIMENTS.json
 and lib/attnbook/experiments/_committed.py (a run with ``--only`` merges its claims into the
@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +38,8 @@ def parse(argv):
     p.add_argument("--strict", action="store_true", help="with --check: also fail on drift")
     p.add_argument("--rtol", type=float, default=1e-6)
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="with --check: run the chapters in this many processes (one thread each)")
     p.add_argument("--list", action="store_true", help="list the registered claims and exit")
     p.add_argument("--md", type=Path, default=MD)
     p.add_argument("--json", type=Path, default=RAW)
@@ -44,6 +47,8 @@ def parse(argv):
     args = p.parse_args(argv)
     if len(args.seeds) < 5 and not args.check:
         p.error(f"--seeds: the committed files need at least 5 seeds, got {args.seeds}")
+    if args.jobs < 1 or (args.jobs > 1 and not args.check):
+        p.error(f"--jobs: must be >= 1, and > 1 only with --check, got {args.jobs}")
     return args
 
 
@@ -74,6 +79,37 @@ def _write_lock(path: Path):
         yield
 
 
+def _check_in_parallel(args, chosen) -> int:
+    """``--check --jobs N``: the chapters split into N groups of about equal committed run time,
+    each checked by its own ``python -m attnbook.experiments --check`` process; exit 1 if any fails."""
+    cost: dict = {}
+    for r in _old_rows(args.json):
+        chapter = r["claim"].split(".")[0]
+        cost[chapter] = cost.get(chapter, 0.0) + r["seconds"]
+    chapters = sorted({e.name.split(".")[0] for e in chosen}, key=lambda c: -cost.get(c, 60.0))
+    groups = [[] for _ in range(min(args.jobs, len(chapters)))]
+    loads = [0.0] * len(groups)
+    for c in chapters:                           # longest first, into the least loaded group
+        i = loads.index(min(loads))
+        groups[i].append(c)
+        loads[i] += cost.get(c, 60.0)
+    only = [[n for n in (args.only or [e.name for e in chosen]) if n.split(".")[0] in g] or g
+            for g in groups]
+    extra = ["--strict", "--rtol", str(args.rtol)] if args.strict else []
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, "-m", "attnbook.experiments", "--check", "--no-progress",
+                               "--json", str(args.json), "--seeds", *map(str, args.seeds), *extra,
+                               "--only", *o], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for o in only]
+    codes = []
+    for o, proc in zip(only, procs):
+        out, _ = proc.communicate()
+        print(f"--- {' '.join(o)} ---\n{out}", end="" if out.endswith("\n") else "\n")
+        codes.append(proc.returncode)
+    print(f"{len(chosen)} claims in {len(procs)} processes in {time.perf_counter() - t0:.0f} s")
+    return 1 if any(codes) else 0
+
+
 def _old_rows(path: Path) -> list:
     return json.loads(path.read_text(encoding="utf-8"))["rows"] if path.exists() else []
 
@@ -86,6 +122,8 @@ def main(argv=None, registry=None) -> int:
         return 0
     torch.set_num_threads(1)                    # deterministic per seed, and fair to a 2-core CI
     chosen = core.select(args.only, registry)
+    if args.jobs > 1 and registry is None:
+        return _check_in_parallel(args, chosen)
     t0 = time.perf_counter()
     rows = core.run_experiments(chosen, args.seeds, progress=not args.no_progress)
     seconds = time.perf_counter() - t0
