@@ -4,7 +4,8 @@ Pair i of the vector at position m, ``(x_{2i}, x_{2i+1})``, is turned by the ang
 ``m * theta_i``, ``theta_i = 10000 ** (-2i / D)``: ``(a, b) -> (a cos - b sin, a sin + b cos)``
 (chapter 06's eq-ch06-rope-complex; Su et al. 2021, RoFormer §3.2, interleaved pairs as there).
 The classic bugs turn the wrong way, pair ``(x_i, x_{i + D/2})`` (rotate_half) instead of
-neighbours, give every column its own frequency, ignore the given positions (0 .. T-1 instead) or forget the 2 in the exponent.
+neighbours, give every column its own frequency, ignore the given positions (0 .. T-1
+instead) or forget the 2 in the exponent.
 """
 from __future__ import annotations
 
