@@ -21,7 +21,7 @@ NAMES = ["ch01.clip_grad_norm", "ch01.jacobian_product", "ch02.sequence_logprob"
          "ch04.attention", "ch04.causal_attention", "ch04.masked_softmax", "ch05.merge_heads",
          "ch05.repeat_kv", "ch05.split_heads",
          "ch06.rope", "ch06.sinusoidal", "ch08.layer_norm", "ch09.attention_backward", "ch09.merge_partial",
-         "ch09.online_softmax"]
+         "ch09.online_softmax", "ch11.kv_step", "ch11.sampling_probs"]
 
 # (exercise, bug) -> words the hint must contain: the mistake's symptom, named
 SYMPTOMS = {
@@ -139,6 +139,17 @@ SYMPTOMS = {
     ("ch02.token_cross_entropy", "summed_not_averaged"): ["总和", "N_tok"],
     ("ch02.token_cross_entropy", "divided_by_batch_size"): ["句子数", "N_tok"],
     ("ch02.token_cross_entropy", "pad_id_hardcoded_zero"): ["写死成了 0", "pad_id"],
+    ("ch11.sampling_probs", "not_renormalised"): ["概率之和不是 1", "重新归一化"],
+    ("ch11.sampling_probs", "drops_token_crossing_p"): ["少留了一个", "越过 p 的那个词元"],
+    ("ch11.sampling_probs", "cumsum_off_by_one"): ["多留了一个", "累积和错了一位"],
+    ("ch11.sampling_probs", "top_k_keeps_k_minus_1"): ["少留了一个", ">="],
+    ("ch11.sampling_probs", "top_p_on_unfiltered_probs"): ["top-k 留下并重新归一化的分布"],
+    ("ch11.sampling_probs", "cumsum_in_vocab_order"): ["从大到小排序", "词表顺序"],
+    ("ch11.kv_step", "attends_before_appending"): ["先把新的键和值追加进缓存"],
+    ("ch11.kv_step", "no_causal_mask_among_new"): ["因果掩码", "t+i"],
+    ("ch11.kv_step", "cache_thrown_away"): ["要包含缓存里的", "torch.cat"],
+    ("ch11.kv_step", "values_appended_in_front"): ["v_all 的顺序要和 k_all 一致"],
+    ("ch11.kv_step", "no_scale"): ["√d_k"],
 }
 SEEDS = (0, 1)  # seeds 0-29 were run once by hand, all bugs rejected; two keep this fast
 

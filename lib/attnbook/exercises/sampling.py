@@ -107,5 +107,5 @@ def _hint(f):
     return "top-p 要先把概率从大到小排序，再沿排好的顺序累加；不是按词表顺序累加。"
 
 
-register(Exercise("ch11.sampling_probs", "top-k / top-p 过滤后的采样分布", sampling_probs, BUGS,
+register(Exercise("ch11.sampling_probs", "top-k / top-p 采样分布", sampling_probs, BUGS,
                   _cases, (_hint,)))
