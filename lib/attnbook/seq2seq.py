@@ -15,11 +15,11 @@ Two families, both batched over padded source sentences (bool masks, True = real
   - ``"bahdanau"`` (Bahdanau, Cho, Bengio 2015): bidirectional encoder, ``h_j = [fwd h_j; bwd h_j]``;
     the query is the *previous* state ``s_{t-1}``; the context enters the recurrence,
     ``s_t = f(s_{t-1}, y_{t-1}, c_t)``; output ``g(s_t, y_{t-1}, c_t)`` (linear here, maxout in
-    the paper); ``s_0 = tanh(W_s bwd h_1)``.
+    the paper); ``s_0 = tanh(W_init bwd h_1)``.
   - ``"luong"`` (Luong, Pham, Manning 2015): unidirectional encoder; the query is the *current*
     state ``s_t = f(s_{t-1}, y_{t-1})``; attentional state ``h~_t = tanh(W_c [c_t; s_t])`` and
     ``P(y_t | ...) = softmax(W_s h~_t)``; with ``input_feeding=True`` ``h~_{t-1}`` is also fed to
-    the next step, ``s_t = f(s_{t-1}, [y_{t-1}; h~_{t-1}])``. Here ``s_0 = tanh(W_init h_m)``.
+    the next step, ``s_t = f(s_{t-1}, [y_{t-1}; h~_{t-1}])``. Here ``s_0 = tanh(W_init h_n)``.
 
 The scores are the library's own ``dot_scores``, ``scaled_dot_scores``, ``general_scores`` and
 ``additive_scores`` (``AttentionScore``), normalised with ``masked_softmax`` after the source
