@@ -61,3 +61,15 @@ def test_bottleneck_metrics_and_the_registered_claims():
     assert base.holds(good)
     assert not base.holds(good | {"em_12": 0.5})                  # no decline: rejected
     assert not base.holds(good | {"greedy_12": 0.65})             # no cost of feeding back
+
+
+def test_the_controls_claim_needs_both_controls_to_improve_length_8():
+    ctl = experiments.get("ch02.bottleneck_controls")
+    good = dict(em_8=0.19, tf_12=0.66)
+    for p in ("long_", "wide_"):
+        good |= {f"{p}em_3": 1.0, f"{p}em_12": 0.0, f"{p}tf_drop": 0.25, f"{p}em_8": 0.4}
+    good["long_tf_12"] = 0.75
+    assert ctl.holds(good)
+    assert not ctl.holds(good | {"wide_em_8": 0.19})     # the wider model no better at m = 8
+    assert not ctl.holds(good | {"long_em_8": 0.19})     # nor the longer run
+    assert not ctl.holds(good | {"wide_tf_drop": 0.05})  # the decline gone in a control
