@@ -159,9 +159,10 @@ def attention_to(weights: torch.Tensor, ids: torch.Tensor, kind: str) -> torch.T
     ``weights`` ``(B, H, T, T)`` of one block on ``ids`` ``(B, T)`` (BOS, poem, EOS);
     ``kind``: ``"bos"`` (position 0), ``"line_start"`` (the first character of the query's
     own line), ``"prev_line_same"`` (the same slot of the previous line; only queries from
-    line 2 on), ``"previous"`` (the key just before the query). Queries: the poem characters
-    that are not punctuation. Returns ``(H,)``: the mean, over those queries, of the weight
-    on that key.
+    line 2 on), ``"previous"`` (the key just before the query), ``"rhyme_slot"`` (line 2's last
+    character, seen from the one query that predicts line 4's last character: the second-last
+    character of line 4). Queries: the poem characters that are not punctuation. Returns
+    ``(H,)``: the mean, over those queries, of the weight on that key.
     """
     b, h, t, _ = weights.shape
     out = torch.zeros(h, dtype=torch.float64)
@@ -177,10 +178,12 @@ def attention_to(weights: torch.Tensor, ids: torch.Tensor, kind: str) -> torch.T
             if slot == period - 1:                                     # a punctuation mark
                 continue
             key = {"bos": 0, "line_start": q - slot, "previous": q - 1,
-                   "prev_line_same": q - period}.get(kind)
+                   "prev_line_same": q - period, "rhyme_slot": 2 * period - 1}.get(kind)
             if key is None:
-                raise ValueError(f"attention_to: `kind` must be bos, line_start, previous or "
-                                 f"prev_line_same, got {kind!r}")
+                raise ValueError(f"attention_to: `kind` must be bos, line_start, previous, "
+                                 f"prev_line_same or rhyme_slot, got {kind!r}")
+            if kind == "rhyme_slot" and q != 4 * period - 2:       # predicts line 4's end
+                continue
             if key < 1 and kind == "prev_line_same":
                 continue
             out += weights[r, :, q, key].double()

@@ -181,3 +181,18 @@ def test_attention_to_picks_the_named_keys():
     assert prev[0] == 1.0 and prev[1] == 0.0 and bos[1] == 1.0 and bos[0] < 0.5
     with pytest.raises(ValueError, match="attention_to: `kind`"):
         attention_to(w, ids, "rhyme")
+
+
+def test_attention_to_rhyme_slot_is_one_query_on_line_2s_end():
+    t = 26                                  # 五言: line 2 ends at 11, line 4 at 23
+    ids = torch.tensor([[BOS_ID] + [4] * 24 + [EOS_ID]] * 2)
+    w = torch.zeros(2, 2, t, t)
+    w[:, 0, 22, 11] = 1.0                   # head 0: the query before line 4's end -> 11
+    w[:, 1, 23, 11] = 1.0                   # head 1: one position late, must not count
+    w[:, 1, 22, 10] = 1.0
+    got = attention_to(w, ids, "rhyme_slot")
+    assert got.tolist() == [1.0, 0.0]
+    seven = torch.tensor([[BOS_ID] + [4] * 32 + [EOS_ID]])       # 七言: 15 and 30
+    w7 = torch.zeros(1, 1, 34, 34)
+    w7[0, 0, 30, 15] = 1.0
+    assert attention_to(w7, seven, "rhyme_slot").tolist() == [1.0]
