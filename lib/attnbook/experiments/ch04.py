@@ -402,12 +402,15 @@ register("ch04.mha_saturation", chapter="04", run=mha_saturation,
          quoted=("logit_var", "J_unscaled", "J_scaled", "dead_unscaled"), fmt=".3f")
 register("ch04.scale_training", chapter="04", run=run_scale_training,
          claim="联想回忆（PyTorch 默认初始化，同一初始化、同样的批、各 100 步）：d_k = 256 时不缩放学得更慢"
-               "（第 41–60 步的平均损失高出 10 倍以上），但 100 步后两者都学会（准确率 > 0.99）；d_k = 16 时两者都在 60 步内学会",
+               "（第 41–60 步的平均损失高出 10 倍以上），但 100 步后两者都学会（准确率 > 0.99）；d_k = 16 时两者都在 60 步内学会，"
+               "而且不缩放的 100 步平均损失反而更低",
          rule="early_unscaled_256 > 10 x early_scaled_256 and > 0.01; every acc_* > 0.99; "
-              "early_scaled_16 < 0.01 and early_unscaled_16 < 0.01",
+              "early_scaled_16 < 0.01 and early_unscaled_16 < 0.01; mean_unscaled_16 < mean_scaled_16",
          holds=lambda m: m["early_unscaled_256"] > 10 * m["early_scaled_256"]
          and m["early_unscaled_256"] > 0.01
          and all(v > 0.99 for k, v in m.items() if k.startswith("acc_"))
-         and m["early_scaled_16"] < 0.01 and m["early_unscaled_16"] < 0.01,
+         and m["early_scaled_16"] < 0.01 and m["early_unscaled_16"] < 0.01
+         and m["mean_unscaled_16"] < m["mean_scaled_16"],
          quoted=("logit_var_256", "early_scaled_256", "early_unscaled_256", "mean_scaled_256",
-                 "mean_unscaled_256", "acc_unscaled_256"), fmt=".3f")
+                 "mean_unscaled_256", "acc_unscaled_256", "mean_scaled_16", "mean_unscaled_16"),
+         fmt=".3f")
