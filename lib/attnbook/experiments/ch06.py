@@ -30,7 +30,7 @@ from ..train import fit
 from .registry import register
 
 __all__ = ["TinyLM", "lag_batch", "lm_loss", "train_lm", "accuracy_by_position", "bucket_means",
-           "length_metrics", "run_length", "run_lag2", "run_stretch", "stretch_metrics",
+           "length_metrics", "run_length", "run_lag2", "test_set", "ntk_base", "stretch_settings",
            "PE_KINDS", "V", "T_TRAIN", "T_TEST", "STEPS", "OFFSET_MAX", "BUCKETS"]
 
 V, T_TRAIN, T_TEST = 16, 16, 64
