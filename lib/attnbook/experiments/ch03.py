@@ -1,24 +1,33 @@
-"""Chapter 03's empirical claims: Var(s.h) of RNN attention before and after training, and the
-accuracy-length comparison with chapter 02's model on the reversal task.
+"""Chapter 03's empirical claims: Var(s.h) of RNN attention before and after training, the
+accuracy-length comparison with chapter 02's model on the reversal task, and the date task
+(exact match and where the attention looks).
 
-Both train on ``reversal_task(min_len=3, max_len=12)`` with Adam, learning rate 3e-3, batch 32,
+The first two train on ``reversal_task(min_len=3, max_len=12)`` with Adam, learning rate 3e-3, batch 32,
 300 steps and the global gradient norm clipped to 1 (``fit``). A seed fixes the initialisation
 (``torch.manual_seed(seed)``), the batches (``batches(32, seed=1 + seed)``) and ``fit``'s seed,
 so seed 0 is the run the chapter shows. The probe and test sets are fixed (chapter 02's).
+The date model (Bahdanau additive attention, 16/48) trains 100 steps of 64 on three formats
+with lr 1e-2: initialised after ``torch.manual_seed(seed)``, batches ``batches(64, seed=10 +
+seed)``, ``fit(seed=seed)``; tested on 200 held-out ISO dates written in each format.
 """
 from __future__ import annotations
+
+import datetime as dt
+import re
 
 import numpy as np
 import torch
 
-from ..data import BOS_ID, EOS_ID, reversal_task
+from ..data import BOS_ID, EOS_ID, date_task, format_date, make_batch, reversal_task
 from ..decoding import greedy_decode_batch
 from ..seq2seq import AttentionSeq2Seq, Seq2Seq
 from ..train import evaluate, fit, token_cross_entropy
 from .registry import register
 
 __all__ = ["RECIPE", "LENGTHS", "loss_fn", "train", "dot_variance", "run_trained_variance",
-           "make_pair", "exact_by_length", "length_metrics", "run_length", "n_params"]
+           "make_pair", "exact_by_length", "length_metrics", "run_length", "n_params",
+           "DATE_FORMATS", "date_setup", "date_batch", "train_date_model", "date_exact",
+           "field_alignment", "date_metrics", "run_date"]
 
 RECIPE = dict(steps=300, batch=32, lr=3e-3, clip=1.0)
 LENGTHS = list(range(3, 13))
@@ -155,3 +164,101 @@ register("ch03.length", chapter="03", run=run_length,
          and m["attn_short"] > 0.9 and m["plain_long"] < 0.1 and m["gap_long"] > 0.2,
          notes="A first rule also asked attn_long > 0.5 (seed 0 gives 0.975); seed 3 gives 0.287.",
          quoted=("plain_short", "plain_long", "attn_long", "gap_long"), fmt=".3f")
+
+
+# --- the date task -------------------------------------------------------------------------
+
+DATE_FORMATS = ("D MMMM YYYY", "DD/MM/YY", "MMMM D, YYYY")
+_FIELDS = {"D MMMM YYYY": ("day", "month", "year"), "DD/MM/YY": ("day", "month", "year"),
+           "MMMM D, YYYY": ("month", "day", "year")}
+_OUT_ROWS = {"year": range(0, 4), "month": range(5, 7), "day": range(8, 10)}
+
+
+def date_setup():
+    """The task on three formats and 200 held-out ISO dates (fixed)."""
+    dates = date_task(formats=DATE_FORMATS)
+    return dates, [t for _, t in dates.pairs(200, seed=3, split="test")]
+
+
+def date_batch(dates, held_out, fmt):
+    """The held-out dates written in ``fmt``: ``(pairs, batch)``."""
+    pairs = [(format_date(dt.date.fromisoformat(iso), fmt), iso) for iso in held_out]
+    return pairs, make_batch(pairs, dates.src_vocab, dates.tgt_vocab)
+
+
+def train_date_model(dates, seed: int, *, steps: int = 100):
+    """The chapter's date model, trained (``(model, untrained_state, history)``)."""
+    torch.manual_seed(seed)
+    model = AttentionSeq2Seq(len(dates.src_vocab), len(dates.tgt_vocab), d_emb=16, d_hidden=48,
+                             score="additive", flow="bahdanau")
+    untrained = {k: v.clone() for k, v in model.state_dict().items()}
+    hist = fit(model, dates.batches(64, seed=10 + seed), loss_fn=loss_fn, steps=steps, lr=1e-2,
+               seed=seed, progress=False)
+    return model, untrained, hist
+
+
+def date_exact(model, dates, held_out, fmt):
+    """Greedy exact match on the held-out dates written in ``fmt`` (an ``evaluate`` result)."""
+    pairs, b = date_batch(dates, held_out, fmt)
+    hyps = greedy_decode_batch(model.batch_step_fn(b.src, b.src_mask), batch_size=len(b),
+                               bos=BOS_ID, eos=EOS_ID, max_len=11)
+    return evaluate([list(h.tokens) for h in hyps], b.tgt_out)
+
+
+def field_alignment(model, dates, held_out, fmt):
+    """Per output field (year, month, day): the share of its output characters whose
+    attention maximum falls inside that field of the source, and the mean attended
+    position / source length. For ``DD/MM/YY`` only the year's last two characters
+    count (the century is not in the source).
+    """
+    pairs, b = date_batch(dates, held_out, fmt)
+    with torch.no_grad():
+        top = model(b.src, b.src_mask, b.tgt_in).weights.argmax(-1)    # (B, T)
+    hits, where = {k: [] for k in _OUT_ROWS}, {k: [] for k in _OUT_ROWS}
+    for i, (text, _) in enumerate(pairs):
+        spans = [m.span() for m in re.finditer(r"[A-Za-z]+|\d+", text)]
+        field_span = dict(zip(_FIELDS[fmt], spans))
+        for field, rows in _OUT_ROWS.items():
+            if field == "year" and "YYYY" not in fmt:
+                rows = rows[2:]
+            lo, hi = field_span[field]
+            for r in rows:
+                hits[field].append(lo <= top[i, r].item() < hi)
+                where[field].append(top[i, r].item() / len(text))
+    return ({k: float(np.mean(v)) for k, v in hits.items()},
+            {k: float(np.mean(v)) for k, v in where.items()})
+
+
+def date_metrics(model, untrained_state, dates, held_out) -> dict:
+    """The figures of ``ch03.date``: worst format's exact match, worst field's alignment after
+    training, the mean alignment over formats and fields before training, and whether the mean
+    positions are reordered (1.0 / 0.0)."""
+    exact = [date_exact(model, dates, held_out, f).exact_match for f in DATE_FORMATS]
+    after = {f: field_alignment(model, dates, held_out, f) for f in DATE_FORMATS}
+    trained = {k: v.clone() for k, v in model.state_dict().items()}
+    model.load_state_dict(untrained_state)
+    before = {f: field_alignment(model, dates, held_out, f) for f in DATE_FORMATS}
+    model.load_state_dict(trained)
+    p1, p2 = after["D MMMM YYYY"][1], after["MMMM D, YYYY"][1]
+    return {"exact_min": min(exact),
+            "align_min": min(min(a[0].values()) for a in after.values()),
+            "align_untrained_mean": float(np.mean([v for b in before.values() for v in b[0].values()])),
+            "reordered": float(p1["year"] > p1["month"] > p1["day"]
+                               and p2["year"] > p2["day"] > p2["month"])}
+
+
+def run_date(seed: int) -> dict:
+    dates, held_out = date_setup()
+    model, untrained, _ = train_date_model(dates, seed)
+    return date_metrics(model.eval(), untrained, dates, held_out)
+
+
+register("ch03.date", chapter="03", run=run_date,
+         claim="训练 100 步的加性注意力模型在三种日期写法的留出日期上整句正确率都高于 0.9；输出每个字段时注意力的最大值"
+               "落在源句对应字段里的比例都高于 0.8（训练前平均不到一半），且注意力位置按年、月、日重排",
+         rule="exact_min > 0.9; align_min > 0.8; align_untrained_mean < 0.5; reordered == 1",
+         notes="A first rule asked the untrained model's best field < 0.3 (seed 0: 0.23); seeds 1-4 "
+               "reach 0.58-0.70 on one field.",
+         holds=lambda m: m["exact_min"] > 0.9 and m["align_min"] > 0.8
+         and m["align_untrained_mean"] < 0.5 and m["reordered"] == 1.0,
+         quoted=("exact_min", "align_min", "align_untrained_mean"), fmt=".3f")
