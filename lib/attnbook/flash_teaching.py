@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from ._checks import check_int
 
@@ -139,6 +138,10 @@ def count_matmul_flops(fn) -> int:
     (``baddbmm_`` counted like ``baddbmm``)."""
     if not callable(fn):
         raise TypeError(f"count_matmul_flops: `fn` must be callable, got {type(fn).__name__}")
+    # imported here: torch.utils.flop_counter imports triton, and triton imported before
+    # TRITON_INTERPRET=1 breaks the interpreted kernels of a test session (triton_flash docs)
+    from torch.utils.flop_counter import FlopCounterMode
+
     with FlopCounterMode(display=False, custom_mapping=_INPLACE) as counter:
         fn()
     return counter.get_total_flops()

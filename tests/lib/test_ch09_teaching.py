@@ -181,3 +181,14 @@ def test_independent_right_answers_pass():
         return tuple(g.to(out.dtype) for g in torch.autograd.grad(o, (q, k, v), dout.double()))
     ok, text = run("ch09.attention_backward", backward)
     assert ok is True, text
+
+
+def test_importing_the_teaching_module_does_not_import_triton():
+    """torch.utils.flop_counter imports triton; imported at the top of flash_teaching it made
+    every interpreted Triton test after this file fail ("Cannot call @triton.jit'd outside of
+    the scope of a kernel"), so it is imported inside count_matmul_flops."""
+    import subprocess
+    import sys
+    code = "import sys, attnbook.flash_teaching; print('triton' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
