@@ -128,18 +128,19 @@ AUTO_TRITON_DTYPES = (torch.float16, torch.bfloat16)  # float32: see _choose
 
 
 def _choose(q, k, v, mask, causal=None) -> str:
-    """``"triton"`` for 16-bit CUDA inputs it supports, once past its first-use self-check.
+    """``"triton"`` for 16-bit CUDA inputs it supports, once past its first-use check.
 
-    Otherwise ``"tiled"``. float32 stays on ``"tiled"`` under ``auto``: the fp32 Triton kernel
-    uses IEEE products on CUDA cores (no TF32) and has never been benchmarked, so nothing says it
-    is faster; ``backend="triton"`` still runs it on request.
+    Otherwise ``"tiled"``. float32 stays on ``"tiled"`` under ``auto``: the fp32 Triton
+    kernel uses IEEE products on CUDA cores (no TF32) and has never been benchmarked, so
+    nothing says it is faster; ``backend="triton"`` still runs it on request.
 
     The check (:func:`attnbook.trust.trusted`) runs once per process and kind of call
     (device, dtype, head dims, causal, masked, backward) on what such calls run
     (:func:`_under_check`); a kind that fails warns once and gets ``"tiled"`` from then
     on. ``causal=None`` (not known here) needs both kinds to pass.
     """
-    if not (q.is_cuda and q.dtype in AUTO_TRITON_DTYPES and BACKENDS["triton"].supports(q, k, v, mask)[0]):
+    if not (q.is_cuda and q.dtype in AUTO_TRITON_DTYPES
+            and BACKENDS["triton"].supports(q, k, v, mask)[0]):
         return "tiled"
     return "triton" if trust.trusted(q, k, v, mask, causal, _under_check) else "tiled"
 

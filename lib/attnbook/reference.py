@@ -192,9 +192,10 @@ def mask_to_additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Ten
 def masked_softmax(scores: torch.Tensor) -> torch.Tensor:
     """Row softmax giving zeros for rows whose scores are all ``-inf`` (chapter 04).
 
-    This is eq-ch04-softmax. On such rows a hand-written ``exp(s - max) / sum`` gives NaN
-    from ``-inf - (-inf)`` (without the shift, ``exp(s) / sum`` gives 0/0); here the row max
-    is replaced by 0 where it is -inf, so every exp is 0 and the denominator is clamped.
+    This is eq-ch04-softmax. On such rows a hand-written ``exp(s - max) / sum`` gives
+    NaN from ``-inf - (-inf)`` (without the shift, ``exp(s) / sum`` gives 0/0); here the
+    row max is replaced by 0 where it is -inf, so every exp is 0 and the denominator is
+    clamped.
     Args: scores, floating ``(..., N)``.  Returns ``(..., N)`` in the same dtype
     (N = 0: empty).
     """

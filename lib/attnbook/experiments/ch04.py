@@ -231,7 +231,8 @@ class Recall(nn.Module):
     def forward(self, keys, vals, query_keys):
         ctx = self.emb_k(keys) + self.emb_v(vals)  # (B, P, d)
         xq = self.emb_k(query_keys)                # (B, Tq, d)
-        res = attention_ref(self.proj_q(xq), self.proj_k(ctx), self.proj_v(ctx), scale=self.scale)
+        res = attention_ref(self.proj_q(xq), self.proj_k(ctx), self.proj_v(ctx),
+                            scale=self.scale)
         return self.readout(res.out), res.weights  # (B, Tq, NV), (B, Tq, P)
 
 

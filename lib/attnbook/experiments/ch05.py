@@ -36,7 +36,8 @@ ROLE = 0.5                                # a head "looks at" a position with me
 
 
 def pair_copy_batch(batch: int, gen: torch.Generator):
-    """``batch`` sequences of ``T_PC`` random digits and their labels (position 0: ignore, -100)."""
+    """``batch`` sequences of ``T_PC`` random digits and their labels
+    (position 0: ignore, -100)."""
     x = torch.randint(V_TOK, (batch, T_PC), generator=gen)
     y = 10 * x[:, :1] + x.roll(1, dims=1)
     y[:, 0] = -100                                   # cross_entropy's ignore_index
@@ -54,7 +55,8 @@ class PairCopy(nn.Module):
         self.readout = nn.Linear(d_model, 100)
 
     def forward(self, x, *, need_weights=False, head_mask=None):
-        """Logits ``(B, T, 100)`` and the per-head weights ``(B, H, T, T)`` (None unless asked)."""
+        """Logits ``(B, T, 100)`` and the per-head weights ``(B, H, T, T)``
+        (None unless asked)."""
         z = self.tok(x) + self.pos.weight[: x.shape[1]]             # (B, T, d_model)
         res = self.attn(z, causal=True, need_weights=need_weights, head_mask=head_mask)
         return self.readout(res.out), res.weights
