@@ -1,0 +1,174 @@
+"""Chapter 07's exercises ``ch07.feed_forward`` and ``ch07.swiglu``: the two FFNs written out.
+
+``feed_forward``: ``max(0, x W_1 + b_1) W_2 + b_2`` on every row (row-vector convention,
+``W_1: (d, d_ff)``). The classic bugs drop the ReLU (the whole map becomes affine), put a ReLU on
+the output too, add ``b_1`` after the ReLU, use GELU, or forget ``b_2``.
+
+``swiglu``: ``(SiLU(x W_g) * (x W_1)) W_2`` without biases (Shazeer 2020). The classic bugs put
+the SiLU on the other branch, use a sigmoid gate (GLU) or a ReLU gate (ReGLU), drop the gate,
+add the branches instead of multiplying them, or apply the SiLU after the product.
+Every case has ``d != d_ff``, so a transposed weight fails loudly on the shapes.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ._core import Case, Exercise, register
+from ._report import nearest
+
+
+def feed_forward(x, w1, b1, w2, b2):
+    """Position-wise FFN (chapter 07, eq-ch07-ffn): max(0, x W_1 + b_1) W_2 + b_2, row by row."""
+    return torch.clamp(x @ w1 + b1, min=0) @ w2 + b2
+
+
+def swiglu(x, w_gate, w_up, w_down):
+    """SwiGLU FFN without biases (chapter 07, eq-ch07-swiglu): (SiLU(x W_g) * (x W_1)) W_2."""
+    return (F.silu(x @ w_gate) * (x @ w_up)) @ w_down
+
+
+# ----------------------------------------------------------------------------- feed_forward bugs
+def _ff(x, w1, b1, w2, b2, *, act=F.relu, out_relu=False, b1_after=False, use_b2=True):
+    h = act(x @ w1) + b1 if b1_after else act(x @ w1 + b1)
+    y = h @ w2 + (b2 if use_b2 else 0)
+    return F.relu(y) if out_relu else y
+
+
+def _no_relu(x, w1, b1, w2, b2):
+    return _ff(x, w1, b1, w2, b2, act=lambda t: t)
+
+
+def _relu_on_output(x, w1, b1, w2, b2):
+    return _ff(x, w1, b1, w2, b2, out_relu=True)
+
+
+def _b1_after_relu(x, w1, b1, w2, b2):
+    return _ff(x, w1, b1, w2, b2, b1_after=True)
+
+
+def _gelu(x, w1, b1, w2, b2):
+    return _ff(x, w1, b1, w2, b2, act=F.gelu)
+
+
+def _no_b2(x, w1, b1, w2, b2):
+    return _ff(x, w1, b1, w2, b2, use_b2=False)
+
+
+FF_BUGS = {
+    "no_relu": _no_relu,
+    "relu_on_output": _relu_on_output,
+    "b1_added_after_relu": _b1_after_relu,
+    "gelu_instead_of_relu": _gelu,
+    "b2_forgotten": _no_b2,
+}
+
+
+def _r(g, *shape, scale=1.0):
+    return torch.randn(shape, generator=g, dtype=torch.float64) * scale
+
+
+def _ff_cases(g):
+    def args(lead, d, d_ff):
+        return (_r(g, *lead, d), _r(g, d, d_ff, scale=d ** -0.5), _r(g, d_ff, scale=0.5),
+                _r(g, d_ff, d, scale=d_ff ** -0.5), _r(g, d, scale=0.5))
+    return [
+        Case("3 个位置，d = 4，d_ff = 16", args((3,), 4, 16),
+             note="x 是 (3, 4)，w1 是 (d, d_ff) = (4, 16)，w2 是 (16, 4)：行向量写法 x @ w1。"),
+        Case("批 (2, 5, 6)，d_ff = 24", args((2, 5), 6, 24),
+             note="同一个映射作用在每个批、每个位置的每一行上。"),
+        Case("一个位置，d = 8，d_ff = 32", args((1,), 8, 32)),
+    ]
+
+
+def _ff_hint(f):
+    if f.kind != "value":
+        return None
+    x, w1, b1, w2, b2 = (f.inputs[k] for k in ("x", "w1", "b1", "w2", "b2"))
+    alts = [("少了 ReLU：没有它，整个 FFN 只是一个仿射映射 x ↦ x W1 W2 + (b1 W2 + b2)。",
+             _no_relu(x, w1, b1, w2, b2)),
+            ("输出不过 ReLU：ReLU 只作用在隐藏层 x @ w1 + b1 上，压缩回 d 维之后直接加 b2。",
+             _relu_on_output(x, w1, b1, w2, b2)),
+            ("b1 要加在 ReLU 之前：max(0, x @ w1 + b1)，不是 max(0, x @ w1) + b1。",
+             _b1_after_relu(x, w1, b1, w2, b2)),
+            ("这里的激活是 ReLU，即 max(0, ·)（torch.relu 或 clamp(min=0)），不是 GELU。",
+             _gelu(x, w1, b1, w2, b2)),
+            ("最后还要加上输出偏置 b2。", _no_b2(x, w1, b1, w2, b2))]
+    return nearest(f.got, f.expected, alts)
+
+
+# ----------------------------------------------------------------------------- swiglu bugs
+def _sw(x, w_gate, w_up, w_down, *, gate=F.silu, swap=False, use_gate=True, add=False,
+        after=False):
+    u, v = (x @ w_up, x @ w_gate) if swap else (x @ w_gate, x @ w_up)
+    if not use_gate:
+        return F.silu(v) @ w_down
+    if after:
+        return F.silu(u * v) @ w_down
+    return ((gate(u) + v) if add else gate(u) * v) @ w_down
+
+
+def _swapped(x, w_gate, w_up, w_down):
+    return _sw(x, w_gate, w_up, w_down, swap=True)
+
+
+def _sigmoid(x, w_gate, w_up, w_down):
+    return _sw(x, w_gate, w_up, w_down, gate=torch.sigmoid)
+
+
+def _relu_gate(x, w_gate, w_up, w_down):
+    return _sw(x, w_gate, w_up, w_down, gate=F.relu)
+
+
+def _no_gate(x, w_gate, w_up, w_down):
+    return _sw(x, w_gate, w_up, w_down, use_gate=False)
+
+
+def _added(x, w_gate, w_up, w_down):
+    return _sw(x, w_gate, w_up, w_down, add=True)
+
+
+def _after(x, w_gate, w_up, w_down):
+    return _sw(x, w_gate, w_up, w_down, after=True)
+
+
+SW_BUGS = {
+    "silu_on_the_up_branch": _swapped,
+    "sigmoid_gate": _sigmoid,
+    "relu_gate": _relu_gate,
+    "gate_ignored": _no_gate,
+    "branches_added": _added,
+    "silu_after_product": _after,
+}
+
+
+def _sw_cases(g):
+    def args(lead, d, d_ff):
+        return (_r(g, *lead, d, scale=1.5), _r(g, d, d_ff, scale=d ** -0.5),
+                _r(g, d, d_ff, scale=d ** -0.5), _r(g, d_ff, d, scale=d_ff ** -0.5))
+    return [
+        Case("3 个位置，d = 6，d_ff = 16", args((3,), 6, 16),
+             note="d_ff = 16 = 8d/3：w_gate、w_up 是 (6, 16)，w_down 是 (16, 6)。"),
+        Case("批 (2, 4, 9)，d_ff = 24", args((2, 4), 9, 24),
+             note="同一个映射作用在每个批、每个位置的每一行上。"),
+    ]
+
+
+def _sw_hint(f):
+    if f.kind != "value":
+        return None
+    x, wg, wu, wd = (f.inputs[k] for k in ("x", "w_gate", "w_up", "w_down"))
+    alts = [("SiLU 作用在门那一支 x @ w_gate 上，另一支 x @ w_up 不过激活：两支用反了。",
+             _swapped(x, wg, wu, wd)),
+            ("门用的是 SiLU(u) = u·σ(u)（F.silu），不是 σ(u)：那是原始的 GLU。",
+             _sigmoid(x, wg, wu, wd)),
+            ("门用的是 SiLU（F.silu），不是 ReLU：那是 ReGLU。", _relu_gate(x, wg, wu, wd)),
+            ("少了门：要把 SiLU(x @ w_gate) 与 x @ w_up 逐元素相乘。", _no_gate(x, wg, wu, wd)),
+            ("两支要逐元素相乘（*），不是相加。", _added(x, wg, wu, wd)),
+            ("SiLU 只作用在门 x @ w_gate 上，在相乘之前，不是作用在乘积上。",
+             _after(x, wg, wu, wd))]
+    return nearest(f.got, f.expected, alts)
+
+
+register(Exercise("ch07.feed_forward", "逐位置 FFN", feed_forward, FF_BUGS, _ff_cases, (_ff_hint,)))
+register(Exercise("ch07.swiglu", "SwiGLU FFN", swiglu, SW_BUGS, _sw_cases, (_sw_hint,)))
