@@ -36,7 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import check_bool, check_choice, check_device, check_dtype, check_float, check_int
+from ._checks import (check_bool, check_choice, check_device, check_dtype, check_float, check_int,
+                      describe)
 from ._transformer_checks import (_check_decode, _check_encode, _check_from_torch, _check_generate,
                                   _check_pair, _check_prefixes, _check_step_fn)
 from .blocks import DecoderLayer, EncoderLayer, torch_layer_settings
@@ -47,7 +48,7 @@ from .positional import alibi_bias, sinusoidal_encoding
 from .reference import mask_to_additive
 from .train import eval_mode
 
-__all__ = ["POSITIONS", "AttentionMaps", "Transformer"]
+__all__ = ["POSITIONS", "AttentionMaps", "Transformer", "torch_masks"]
 
 POSITIONS = ("sinusoidal", "rope", "alibi", "learned")
 
@@ -397,3 +398,26 @@ class Transformer(nn.Module):
             if not tied:
                 new.output.weight.copy_(output.weight)
         return new
+
+
+def torch_masks(src_pad: torch.Tensor, tgt_pad: torch.Tensor) -> dict:
+    """The keyword masks of ``nn.Transformer.forward`` for this module's pad masks, all bool.
+
+    ``src_pad`` ``(B, S)`` and ``tgt_pad`` ``(B, T)``: True = a real token (this module's
+    polarity). Returns ``tgt_mask`` (the causal mask ``(T, T)``, True = hidden, the strict
+    upper triangle) and the three ``*_key_padding_mask`` (True = padding). One mask type for
+    all four: the float ``generate_square_subsequent_mask`` beside bool padding masks makes
+    torch warn "Support for mismatched key_padding_mask and attn_mask is deprecated".
+    """
+    fn = "torch_masks"
+    for name, pad in (("src_pad", src_pad), ("tgt_pad", tgt_pad)):
+        if not isinstance(pad, torch.Tensor) or pad.dtype != torch.bool or pad.ndim != 2:
+            got = describe(pad) if isinstance(pad, torch.Tensor) else type(pad).__name__
+            raise TypeError(f"{fn}: `{name}` must be a bool tensor (B, T), got {got}")
+    if src_pad.shape[0] != tgt_pad.shape[0]:
+        raise ValueError(f"{fn}: `src_pad` and `tgt_pad` must have the same batch size, got "
+                         f"{src_pad.shape[0]} and {tgt_pad.shape[0]}")
+    t = tgt_pad.shape[1]
+    causal = torch.ones(t, t, dtype=torch.bool, device=tgt_pad.device).triu(1)
+    return {"tgt_mask": causal, "src_key_padding_mask": ~src_pad,
+            "tgt_key_padding_mask": ~tgt_pad, "memory_key_padding_mask": ~src_pad}
