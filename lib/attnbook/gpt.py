@@ -24,8 +24,8 @@ from ._checks import check_bool, check_choice, check_int, check_tensor
 from .cache import CachedAttention, KVCache
 from .layers import FeedForward, LayerNorm
 
-__all__ = ["DecoderBlock", "GPT", "GPTConfig", "GPTOutput", "generate", "lm_loss",
-           "perplexity"]
+__all__ = ["DecoderBlock", "GPT", "GPTConfig", "GPTOutput", "generate", "head_mask", "lm_loss",
+           "mean_loss", "perplexity", "pruning_costs"]
 
 
 @dataclass(frozen=True)
@@ -69,10 +69,14 @@ class DecoderBlock(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, *, cache: KVCache | None = None,
-                need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``x`` ``(B, T, d_model)`` -> ``(out (B, T, d_model), weights or None)``."""
+                need_weights: bool = False,
+                head_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``x`` ``(B, T, d_model)`` -> ``(out (B, T, d_model), weights or None)``.
+
+        ``head_mask`` ``(H,)`` multiplies each head's output before ``W^O`` (0 = pruned).
+        """
         res = self.self_attn(self.norm1(x), causal=True, cache=cache,
-                             need_weights=need_weights)
+                             need_weights=need_weights, head_mask=head_mask)
         x = x + self.dropout(res.out)
         x = x + self.dropout(self.ffn(self.norm2(x)))
         return x, res.weights
@@ -113,13 +117,17 @@ class GPT(nn.Module):
         return [KVCache() for _ in self.blocks]
 
     def forward(self, ids: torch.Tensor, *, cache: list[KVCache] | None = None,
-                need_weights: bool = False) -> GPTOutput:
+                need_weights: bool = False,
+                head_mask: torch.Tensor | None = None) -> GPTOutput:
         """Logits for the next token at every position of ``ids`` ``(B, T)``.
 
         With ``cache`` (from :meth:`new_cache`), ``ids`` are the NEW tokens: they sit at
         positions ``len(cache[0]), ...`` and their keys and values are appended.
+        ``head_mask`` ``(n_layers, n_heads)`` (e.g. from :func:`head_mask`) multiplies
+        each head's output before its block's ``W^O``: 0 prunes that head.
         """
         past = _check_forward(self, ids, cache)
+        _check_head_mask(self, head_mask)
         t = ids.shape[1]
         h = self.tok_emb(ids)                                         # (B, T, d_model)
         if self.pos_emb is not None:
@@ -127,7 +135,8 @@ class GPT(nn.Module):
         weights = []
         for i, block in enumerate(self.blocks):
             h, w = block(h, cache=None if cache is None else cache[i],
-                         need_weights=need_weights)
+                         need_weights=need_weights,
+                         head_mask=None if head_mask is None else head_mask[i])
             weights.append(w)
         logits = self.lm_head(self.norm_f(h))                         # (B, T, V)
         return GPTOutput(logits, weights if need_weights else None)
@@ -180,6 +189,63 @@ def perplexity(model: GPT, ids: torch.Tensor, *, pad_id: int = 0, batch_size: in
     return math.exp(total / count)
 
 
+def head_mask(model: GPT, prune=()) -> torch.Tensor:
+    """A ``(n_layers, n_heads)`` mask for :meth:`GPT.forward`: ones, zeros at ``prune``.
+
+    ``prune``: ``(layer, head)`` pairs, both counted from 0 (block 1 is layer 0).
+    """
+    c = model.config
+    mask = torch.ones(c.n_layers, c.n_heads, dtype=model.tok_emb.weight.dtype,
+                      device=model.tok_emb.weight.device)
+    for pair in prune:
+        if (not isinstance(pair, tuple) or len(pair) != 2
+                or not all(isinstance(i, int) and not isinstance(i, bool) for i in pair)
+                or not (0 <= pair[0] < c.n_layers and 0 <= pair[1] < c.n_heads)):
+            raise ValueError(f"head_mask: `prune` must hold (layer, head) pairs of ints with "
+                             f"0 <= layer < {c.n_layers} and 0 <= head < {c.n_heads}, "
+                             f"got {pair!r}")
+        mask[pair] = 0
+    return mask
+
+
+@torch.no_grad()
+def mean_loss(model: GPT, ids: torch.Tensor, *, head_mask: torch.Tensor | None = None,
+              pad_id: int = 0, batch_size: int = 256) -> float:
+    """The mean next-token loss (nats per non-PAD target) of ``model`` on ``ids`` ``(N, T)``;
+    ``head_mask`` as in :meth:`GPT.forward`. :func:`perplexity` is its exp without a mask."""
+    was = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for chunk in ids.split(batch_size):
+        logits = model(chunk, head_mask=head_mask).logits
+        n = int((chunk[:, 1:] != pad_id).sum())
+        total += float(lm_loss(logits, chunk, pad_id=pad_id)) * n
+        count += n
+    model.train(was)
+    return total / count
+
+
+def pruning_costs(model: GPT, ids: torch.Tensor, *, pad_id: int = 0) -> dict:
+    """What pruning costs on ``ids``: the rise of :func:`mean_loss` (nats per token) when
+    one head's output is zeroed before ``W^O`` (head ablation, Michel et al. 2019).
+
+    Returns ``{"loss": the unpruned loss, "heads": (n_layers, n_heads) rises with head
+    (l, h) pruned alone, "layers": (n_layers,) rises with every head of layer l pruned}``.
+    """
+    c = model.config
+    base = mean_loss(model, ids, pad_id=pad_id)
+    heads = torch.zeros(c.n_layers, c.n_heads, dtype=torch.float64)
+    for layer in range(c.n_layers):
+        for h in range(c.n_heads):
+            mask = head_mask(model, [(layer, h)])
+            heads[layer, h] = mean_loss(model, ids, head_mask=mask, pad_id=pad_id) - base
+    layers = torch.tensor([mean_loss(model, ids, pad_id=pad_id,
+                                     head_mask=head_mask(model, [(layer, h) for h in
+                                                                 range(c.n_heads)])) - base
+                           for layer in range(c.n_layers)], dtype=torch.float64)
+    return {"loss": base, "heads": heads, "layers": layers}
+
+
 @torch.no_grad()
 def generate(model: GPT, prompt: torch.Tensor, *, max_new_tokens: int,
              temperature: float = 1.0, top_k: int | None = None,
@@ -227,6 +293,16 @@ def _check_generate(model, prompt, max_new_tokens) -> int:
         raise ValueError(f"generate: prompt length + `max_new_tokens` must be <= n_positions = "
                          f"{model.config.n_positions}, got {prompt.shape[1] + n}")
     return n
+
+
+def _check_head_mask(model: GPT, mask) -> None:
+    if mask is None:
+        return
+    c = model.config
+    check_tensor("head_mask", mask, fn="GPT.forward")
+    if mask.shape != (c.n_layers, c.n_heads):
+        raise ValueError(f"GPT.forward: `head_mask` must have shape (n_layers, n_heads) = "
+                         f"({c.n_layers}, {c.n_heads}), got {tuple(mask.shape)}")
 
 
 def _check_forward(model: GPT, ids, cache) -> int:

@@ -1,0 +1,97 @@
+"""Tests for head pruning in attnbook.gpt (``head_mask``, ``mean_loss``, ``pruning_costs``)
+and the chapter-11 claim ``ch11.prune`` built on them."""
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from attnbook import experiments
+from attnbook.gpt import GPT, GPTConfig, head_mask, mean_loss, perplexity, pruning_costs
+from attnbook.testing import F64_TOL, randomize
+
+
+def _model(positions="learned", seed=0, v=17):
+    torch.manual_seed(seed)
+    m = GPT(GPTConfig(v, n_positions=24, d_model=16, n_heads=4, n_layers=2, d_ff=32,
+                      positions=positions)).double()
+    randomize(m, seed, 0.5)
+    m.lm_head.weight = m.tok_emb.weight
+    return m.eval()
+
+
+def _zero_wo_rows(model, layer, heads):
+    """A copy of ``model`` whose block ``layer`` reads nothing from ``heads``: the rows of
+    W^O (columns of ``out_proj.weight``, which computes x W^O as x @ weight.T) for them are 0."""
+    m = copy.deepcopy(model)
+    attn = m.blocks[layer].self_attn
+    with torch.no_grad():
+        for h in heads:
+            attn.out_proj.weight[:, h * attn.d_k:(h + 1) * attn.d_k] = 0
+    return m
+
+
+@pytest.mark.parametrize("positions", ["learned", "rope"])
+@pytest.mark.parametrize("layer,head", [(0, 0), (0, 3), (1, 2)])
+def test_masking_a_head_equals_zeroing_its_rows_of_w_o(positions, layer, head):
+    m = _model(positions)
+    ids = torch.randint(17, (3, 12))
+    masked = m(ids, head_mask=head_mask(m, [(layer, head)])).logits
+    torch.testing.assert_close(masked, _zero_wo_rows(m, layer, [head])(ids).logits, **F64_TOL)
+    other = _zero_wo_rows(m, layer, [(head + 1) % 4])(ids).logits    # control: another head
+    assert (masked - other).abs().max() > 1e-3
+    assert (masked - m(ids).logits).abs().max() > 1e-3              # pruning does something
+
+
+def test_no_pruned_head_equals_the_plain_forward():
+    m = _model()
+    ids = torch.randint(17, (2, 10))
+    torch.testing.assert_close(m(ids, head_mask=head_mask(m)).logits, m(ids).logits, **F64_TOL)
+    assert torch.equal(head_mask(m), torch.ones(2, 4, dtype=torch.float64))
+
+
+def test_head_mask_with_cache_equals_full_forward():
+    m = _model("rope")
+    ids = torch.randint(17, (2, 9))
+    mask = head_mask(m, [(1, 1), (0, 2)])
+    full = m(ids, head_mask=mask).logits
+    cache = m.new_cache()
+    steps = [m(ids[:, :5], cache=cache, head_mask=mask).logits]
+    steps += [m(ids[:, t:t + 1], cache=cache, head_mask=mask).logits for t in range(5, 9)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, **F64_TOL)
+
+
+def test_mean_loss_and_pruning_costs():
+    m = _model()
+    ids = torch.randint(1, 17, (6, 12))
+    ids[0, 8:] = 0                                                  # some padding
+    assert math.isclose(math.exp(mean_loss(m, ids, batch_size=4)), perplexity(m, ids),
+                        rel_tol=1e-12)
+    r = pruning_costs(m, ids)
+    assert r["heads"].shape == (2, 4) and r["layers"].shape == (2,)
+    for layer, h in [(0, 1), (1, 3)]:
+        want = mean_loss(_zero_wo_rows(m, layer, [h]), ids) - r["loss"]
+        assert math.isclose(float(r["heads"][layer, h]), want, rel_tol=1e-9, abs_tol=1e-12)
+    want = mean_loss(_zero_wo_rows(m, 1, range(4)), ids) - r["loss"]
+    assert math.isclose(float(r["layers"][1]), want, rel_tol=1e-9, abs_tol=1e-12)
+    assert len(set(r["heads"].flatten().tolist())) == 8             # the heads differ
+
+
+@pytest.mark.parametrize("prune", [[(2, 0)], [(0, 4)], [(-1, 0)], [(0, True)], [("0", 1)],
+                                   [0], [(0, 1, 2)]])
+def test_bad_pruned_heads_are_rejected(prune):
+    with pytest.raises(ValueError, match=r"head_mask: `prune` must hold \(layer, head\)"):
+        head_mask(_model(), prune)
+
+
+def test_bad_head_mask_tensor_is_rejected():
+    m = _model()
+    ids = torch.randint(17, (1, 5))
+    with pytest.raises(ValueError, match=r"GPT.forward: `head_mask` must have shape"):
+        m(ids, head_mask=torch.ones(4, dtype=torch.float64))
+    with pytest.raises(TypeError, match=r"GPT.forward: `head_mask` must have a floating"):
+        m(ids, head_mask=torch.ones(2, 4, dtype=torch.long))
+    with pytest.raises(TypeError, match=r"GPT.forward: `head_mask` must be a torch.Tensor"):
+        m(ids, head_mask=[[1, 1, 1, 1], [1, 1, 1, 1]])
