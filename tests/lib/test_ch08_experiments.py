@@ -1,0 +1,64 @@
+"""Chapter 08's new claims: the no-skip control, why Pre-LN's gradient falls with the layer
+index, and ``group_rows`` (the committed per-seed rows the chapter recomputes its ranges from)."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from attnbook import experiments
+from attnbook.experiments import ch08
+
+
+@pytest.fixture(scope="module")
+def skip0():
+    torch.set_num_threads(1)
+    return ch08.skip_control(0)
+
+
+def test_skip_control_measures_both_stacks(skip0):
+    m = skip0
+    assert experiments.get("ch08.skip_control").holds(m)
+    assert 0.5 < m["skip_gx0"] < 3 and m["noskip_gx0"] < 1e-6          # the skip carries it
+    assert m["skip_out_std"] > 1.0 > 0.1 > m["noskip_out_std"]          # no skip: the signal fades
+    assert ch08.skip_control(0) == m and ch08.skip_control(1) != m      # seeded, not constant
+
+
+@pytest.mark.parametrize("wrong", [dict(noskip_gx0=0.5), dict(noskip_first_last=0.9),
+                                   dict(skip_gx0=1e-3), dict(skip_first_last=1e-3)])
+def test_skip_claim_rejects_a_wrong_value(skip0, wrong):
+    exp = experiments.get("ch08.skip_control")
+    assert exp.holds(skip0) and not exp.holds(dict(skip0, **wrong))
+
+
+def test_pre_ln_cause_profiles_and_claim():
+    torch.set_num_threads(1)
+    p = ch08.pre_ln_cause(0)
+    assert set(p) == {"stream", "hidden", "w2"} and all(len(v) == 12 for v in p.values())
+    assert all(v[0] == pytest.approx(1.0) for v in p.values())           # normalised to layer 1
+    m = ch08.pre_ln_cause_metrics(p)
+    exp = experiments.get("ch08.pre_ln_cause")
+    assert exp.holds(m)
+    for wrong in (dict(stream_last=0.9), dict(hidden_dev=0.5), dict(w2_over_stream_dev=0.6)):
+        assert not exp.holds(dict(m, **wrong)), wrong
+    with pytest.raises(ValueError, match="pre_ln_cause: `group` must be an int >= 0"):
+        ch08.pre_ln_cause(-1)
+    with pytest.raises(ValueError, match="skip_control: `seed` must be an int >= 0"):
+        ch08.skip_control(-2)
+
+
+def test_group_rows_reads_the_committed_rows(tmp_path):
+    rows = [dict(claim="ch08.post_ln_s", seed=s, metrics=dict(net=0.5 + s, s_min=1.0)) for s in (1, 0)]
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "EXPERIMENTS.json").write_text(json.dumps(dict(rows=rows)))
+    sub = tmp_path / "chapters"
+    sub.mkdir()
+    got = ch08.group_rows("ch08.post_ln_s", ["net"], path=sub)           # found one level up
+    assert got == {"net": [0.5, 1.5]}                                    # sorted by seed
+
+
+def test_group_rows_reruns_without_the_file(tmp_path):
+    torch.set_num_threads(1)
+    got = ch08.group_rows("ch08.post_ln_s", ["net"], path=tmp_path)
+    want = [ch08.run_post_ln_path(s)["net"] for s in range(5)]
+    np.testing.assert_allclose(got["net"], want)
