@@ -69,11 +69,11 @@ class DecoderBlock(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, *, cache: KVCache | None = None,
-                need_weights: bool = False,
-                head_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                need_weights: bool = False, head_mask: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``x`` ``(B, T, d_model)`` -> ``(out (B, T, d_model), weights or None)``.
 
-        ``head_mask`` ``(H,)`` multiplies each head's output before ``W^O`` (0 = pruned).
+        ``head_mask`` ``(H,)`` scales each head's output before ``W^O`` (0 = pruned).
         """
         res = self.self_attn(self.norm1(x), causal=True, cache=cache,
                              need_weights=need_weights, head_mask=head_mask)

@@ -95,3 +95,22 @@ def test_bad_head_mask_tensor_is_rejected():
         m(ids, head_mask=torch.ones(2, 4, dtype=torch.long))
     with pytest.raises(TypeError, match=r"GPT.forward: `head_mask` must be a torch.Tensor"):
         m(ids, head_mask=[[1, 1, 1, 1], [1, 1, 1, 1]])
+
+
+def test_prune_metrics_on_an_untrained_model_and_the_claim_rejects_it():
+    import statistics
+
+    from attnbook.experiments import ch11
+    torch.set_num_threads(1)
+    _, _, valid = ch11.corpus()
+    model = ch11.new_model(seed=0).eval()
+    m = ch11.prune_metrics(model, valid[:8])
+    heads = [m[f"prune_b{l}h{h}"] for l in (1, 2) for h in range(4)]
+    assert math.isclose(m["prune_median"], statistics.median(heads), abs_tol=1e-12)
+    assert m["prune_max"] == max(heads) and m["prune_block2_max"] == max(heads[4:])
+    assert m["prune_max_block"] == 1 + heads.index(max(heads)) // 4
+    exp = experiments.get("ch11.prune")
+    assert set(exp.quoted) <= set(m)
+    m["head_rhyme_slot"] = 1.0
+    assert not exp.holds(m)                     # untrained: pruning costs next to nothing
+    assert m["prune_max"] < 0.1
