@@ -111,12 +111,15 @@ def run_xor(seed: int) -> dict:
 
 
 def rank1_residual(x: torch.Tensor) -> float:
-    """||X - 1 mean(X)|| / ||X|| (Frobenius, averaged over the batch): how far the ``n`` token
-    vectors of each sequence are from all being equal (Dong et al. 2021's res(X), with the
-    row mean as the rank-1 approximation 1 x^T that minimises the Frobenius norm)."""
+    """r(X) = ||X - 1 mean(X)|| / ||X|| (chapter 07, eq-ch07-rank1-residual).
+
+    Frobenius norms, averaged over the batch: how far the ``n`` token vectors of each
+    sequence are from all being equal (Dong et al. 2021's res(X); the row mean gives the
+    rank-1 matrix 1 x^T nearest to X). Args: x ``(B, n, d)``. Returns a float in [0, 1].
+    """
     if x.ndim != 3:
-        raise ValueError(f"rank1_residual: `x` must be (B, n, d), got shape {tuple(x.shape)}")
-    r = x - x.mean(-2, keepdim=True)
+        raise ValueError(f"rank1_residual: `x` must be (B, n, d), got {tuple(x.shape)}")
+    r = x - x.mean(-2, keepdim=True)                       # X - 1 mean(X), (B, n, d)
     return (r.norm(dim=(-2, -1)) / x.norm(dim=(-2, -1))).mean().item()
 
 
