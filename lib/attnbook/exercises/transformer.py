@@ -1,0 +1,209 @@
+"""Chapter 10's exercises: the label-smoothed cross-entropy and the warm-up learning rate.
+
+``ch10.smoothed_cross_entropy(logits, target, smoothing, pad_id)``: logits ``(B, T, V)``,
+targets ``(B, T)`` padded with ``pad_id``, smoothing eps; return the mean over the non-PAD
+positions of ``sum_c q_c (-log p_c)`` with the smoothed target ``q = (1 - eps) onehot(y) +
+eps / V`` (every one of the V classes, PAD's column included, gets eps / V: Szegedy et al.
+2016, ``F.cross_entropy(label_smoothing=eps)``, the library's ``label_smoothed_cross_entropy``).
+The classic bugs: eps / (V - 1) off the target (the other convention), the target's
+1 - eps without its own eps / V (q no longer sums to 1), PAD's column kept out of the
+smoothing, PAD positions counted or the sum divided by every position, PAD hard-coded as 0,
+log(softmax) that gives -inf on large logits, the sum instead of the mean.
+
+``ch10.noam_lr(steps, d_model, warmup)``: the learning rate of Vaswani et al. 2017 §5.3,
+``d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)``, for a float64 tensor of steps counted
+from 1. The classic bugs: max instead of min, the d_model^-0.5 factor dropped, warmup^-1 or
+warmup^-0.5 in the rising part, steps counted from 0 (lr = 0 at the first step) or shifted by
+one to dodge 0^-0.5.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..train import label_smoothed_cross_entropy
+from ._core import Case, Exercise, register
+from ._report import close
+
+
+# ------------------------------------------------------------------ label-smoothed cross-entropy
+def smoothed_cross_entropy(logits, target, smoothing, pad_id):
+    """Mean over non-PAD positions of the cross-entropy against (1 - eps) onehot(y) + eps / V."""
+    return label_smoothed_cross_entropy(logits, target, smoothing=smoothing, pad_id=pad_id)
+
+
+def _q(logits, target, eps, *, off, on, pad_col=None):
+    """A target distribution: ``on`` at y, ``off`` elsewhere (0 at ``pad_col`` if given)."""
+    q = torch.full_like(logits, off)
+    if pad_col is not None:
+        q[..., pad_col] = 0.0
+    y = target.clamp(0, logits.shape[-1] - 1)
+    return q.scatter(-1, y[..., None], on)
+
+
+def _ce(logits, q, keep, logp=None, reduce="mean"):
+    logp = logits.log_softmax(-1) if logp is None else logp
+    per = -(q * logp).sum(-1)                                       # (B, T)
+    if reduce == "mean":
+        return per[keep].sum() / keep.sum()
+    if reduce == "all":
+        return per.mean()
+    if reduce == "all_positions":
+        return per[keep].sum() / keep.numel()
+    return per[keep].sum()
+
+
+def _ls(logits, target, smoothing, pad_id, *, off=None, on=None, pad_col=False,
+        keep_pad=False, reduce="mean", pad=None, log_of_softmax=False):
+    v = logits.shape[-1]
+    pad = pad_id if pad is None else pad
+    off = smoothing / v if off is None else off(smoothing, v)
+    on = 1 - smoothing + smoothing / v if on is None else on(smoothing, v)
+    q = _q(logits, target, smoothing, off=off, on=on, pad_col=pad if pad_col else None)
+    keep = torch.ones_like(target, dtype=torch.bool) if keep_pad else target != pad
+    logp = torch.log(torch.softmax(logits, -1)) if log_of_softmax else None
+    return _ce(logits, q, keep, logp, "all" if keep_pad else reduce)
+
+
+LS_BUGS = {
+    "eps_over_V_minus_1": lambda lo, t, e, p: _ls(lo, t, e, p, off=lambda e, v: e / (v - 1),
+                                                  on=lambda e, v: 1 - e),
+    "target_misses_its_eps_over_V": lambda lo, t, e, p: _ls(lo, t, e, p, on=lambda e, v: 1 - e),
+    "pad_column_not_smoothed": lambda lo, t, e, p: _ls(lo, t, e, p, off=lambda e, v: e / (v - 1),
+                                                       on=lambda e, v: 1 - e + e / (v - 1),
+                                                       pad_col=True),
+    "pad_positions_counted": lambda lo, t, e, p: _ls(lo, t, e, p, keep_pad=True),
+    "divided_by_all_positions": lambda lo, t, e, p: _ls(lo, t, e, p, reduce="all_positions"),
+    "pad_id_hard_coded_0": lambda lo, t, e, p: _ls(lo, t, e, p, pad=0),
+    "log_of_softmax": lambda lo, t, e, p: _ls(lo, t, e, p, log_of_softmax=True),
+    "sum_not_mean": lambda lo, t, e, p: _ls(lo, t, e, p, reduce="sum"),
+}
+
+
+def _ls_cases(g):
+    f64 = torch.float64
+
+    def draw(b, t, v, pad_id, lengths, scale=2.0):
+        logits = scale * torch.randn(b, t, v, generator=g, dtype=f64)
+        words = [c for c in range(v) if c != pad_id]
+        target = torch.tensor(words)[torch.randint(len(words), (b, t), generator=g)]
+        target[torch.arange(t) >= torch.tensor(lengths)[:, None]] = pad_id
+        return logits, target
+
+    v = int(torch.randint(12, 20, (1,), generator=g))
+    return [
+        Case("2 句、每句 4 个位置、词表 6，第二句后两个是 PAD（= 0）",
+             (*draw(2, 4, 6, 0, [4, 2]), 0.1, 0),
+             note="ε = 0.1、V = 6：q 在正确类上是 1 − 0.1 + 0.1/6，其余每类 0.1/6（PAD 这一列也是）。"),
+        Case(f"本章的尺寸：词表 V = {v}，3 句长短不一", (*draw(3, 9, v, 0, [9, 5, 3]), 0.2, 0),
+             note=f"ε = 0.2，V = {v}。", tags=frozenset({"chapter"})),
+        Case("PAD 的编号是 V − 1 = 7（不是 0）", (*draw(2, 5, 8, 7, [5, 3]), 0.1, 7),
+             note="pad_id = 7：被忽略的是目标等于 7 的位置，类 0 是普通词元。",
+             tags=frozenset({"pad7"})),
+        Case("logit 很大（上千）", (*draw(2, 3, 5, 0, [3, 2], scale=3000.0), 0.1, 0),
+             note="softmax 之后大多数类的概率下溢成 0：log 0 = −inf，而 ε/V · (−inf) 会让损失变成 inf。",
+             tags=frozenset({"large"})),
+    ]
+
+
+LS_MESSAGES = {
+    "pad_id_hard_coded_0": "PAD 的编号写死成了 0：用参数 pad_id 判断哪些位置要忽略。",
+    "eps_over_V_minus_1": ("这是把 ε 平分给其余 V − 1 类的另一种约定：本章（Szegedy 等 2016、"
+                           "F.cross_entropy 的 label_smoothing）把 ε 平分给全部 V 类，正确类也分到 ε/V，"
+                           "q_y = 1 − ε + ε/V。"),
+    "target_misses_its_eps_over_V": ("正确类少了它自己那一份 ε/V：q_y 应是 1 − ε + ε/V，"
+                                     "否则 q 的和只有 1 − ε/V，不是一个分布。"),
+    "pad_column_not_smoothed": ("PAD 这一列也要分到 ε/V：本章的定义（与 F.cross_entropy 相同）"
+                                "对全部 V 类平分 ε，不把 PAD 列单独拿掉。"),
+    "pad_positions_counted": ("PAD 位置也算进了平均：只对目标不等于 pad_id 的位置求平均，"
+                              "PAD 位置不是要预测的词元。"),
+    "divided_by_all_positions": ("分母是全部位置数：PAD 位置的损失去掉了，分母也要只数真实词元"
+                                 "（target != pad_id 的个数）。"),
+    "sum_not_mean": "这是总和；要的是每个真实词元的平均损失（除以真实词元的个数）。",
+}
+
+
+def _ls_hint(f):
+    if f.kind in ("inf", "nan") and "large" in f.case.tags:
+        return ("softmax 下溢成 0，log 0 = −inf：用 logits.log_softmax(-1)"
+                "（它先减去每行的最大值），不要 torch.log(torch.softmax(...))。")
+    if f.kind != "value":
+        return None
+    args = [f.inputs[k] for k in ("logits", "target", "smoothing", "pad_id")]
+    for name, message in LS_MESSAGES.items():
+        if close(f.got, LS_BUGS[name](*args)):
+            return message
+    return None
+
+
+register(Exercise("ch10.smoothed_cross_entropy", "标签平滑的交叉熵", smoothed_cross_entropy,
+                  LS_BUGS, _ls_cases, (_ls_hint,)))
+
+
+# ------------------------------------------------------------------ the warm-up learning rate
+def noam_lr(steps, d_model, warmup):
+    """Vaswani et al. 2017, §5.3: d_model^-0.5 min(step^-0.5, step warmup^-1.5), steps from 1."""
+    return d_model ** -0.5 * torch.minimum(steps ** -0.5, steps * warmup ** -1.5)
+
+
+def _lr(steps, d_model, warmup, *, pick=torch.minimum, d_factor=True, w_power=-1.5, shift=0):
+    s = steps + shift
+    rise = s * warmup ** w_power
+    decay = s.clamp(min=1) ** -0.5
+    return (d_model ** -0.5 if d_factor else 1.0) * pick(decay, rise)
+
+
+LR_BUGS = {
+    "max_not_min": lambda s, d, w: _lr(s, d, w, pick=torch.maximum),
+    "no_d_model_factor": lambda s, d, w: _lr(s, d, w, d_factor=False),
+    "warmup_to_the_minus_1": lambda s, d, w: _lr(s, d, w, w_power=-1.0),
+    "warmup_to_the_minus_half": lambda s, d, w: _lr(s, d, w, w_power=-0.5),
+    "steps_counted_from_0": lambda s, d, w: _lr(s, d, w, shift=-1),
+    "steps_shifted_by_one": lambda s, d, w: _lr(s, d, w, shift=1),
+}
+
+
+def _lr_cases(g):
+    f64 = torch.float64
+    d = int(2 ** torch.randint(4, 9, (1,), generator=g))
+    w = int(torch.randint(20, 200, (1,), generator=g))
+    rand = torch.randint(1, 20 * w, (6,), generator=g).to(f64)
+    return [
+        Case("论文的设定：d_model = 512，warmup = 4000",
+             (torch.tensor([4000.0, 100, 1, 3999, 4001, 10_000, 100_000, 2], dtype=f64),
+              512, 4000),
+             note="预热结束时（4000，峰值）、之前、第 1 步、之后和很久以后的学习率。"),
+        Case(f"d_model = {d}，warmup = {w}，随机的步数",
+             (torch.cat([torch.tensor([w, 1.0, w - 1, w + 1], dtype=f64), rand]), d, w),
+             note="步数从 1 开始数：第一次 optimizer.step() 用的是 step = 1。"),
+        Case("warmup = 1：没有上升段", (torch.tensor([50.0, 1, 2, 3], dtype=f64), 64, 1),
+             note="warmup = 1 时 min 总取 step^-0.5：从第 1 步起就按 1/√step 衰减。"),
+    ]
+
+
+LR_MESSAGES = {
+    "max_not_min": ("用了 max：预热段应是两项里较小的那一项 step·warmup^-1.5（线性上升），"
+                    "之后才是 step^-0.5；用 torch.minimum。"),
+    "no_d_model_factor": "少了前面的因子 d_model^-0.5：峰值应是 (d_model·warmup)^-0.5。",
+    "warmup_to_the_minus_1": ("上升段写成了 step/warmup：应是 step·warmup^-1.5，"
+                              "这样两段在 step = warmup 处相接（都等于 warmup^-0.5）。"),
+    "warmup_to_the_minus_half": ("上升段用了 warmup^-0.5：应是 step·warmup^-1.5，"
+                                 "两段在 step = warmup 处相接。"),
+    "steps_counted_from_0": ("步数从 0 数了：第 1 步的学习率变成了 0。steps 已经从 1 开始，"
+                             "直接代入公式。"),
+    "steps_shifted_by_one": ("步数多加了 1（为了避开 0^-0.5？）：steps 从 1 开始，"
+                             "不会出现 0，直接代入公式。"),
+}
+
+
+def _lr_hint(f):
+    if f.kind != "value":
+        return None
+    args = [f.inputs[k] for k in ("steps", "d_model", "warmup")]
+    for name, message in LR_MESSAGES.items():         # learning rates ~1e-4: relative
+        if close(f.got, LR_BUGS[name](*args), rtol=1e-9, atol=0.0):
+            return message
+    return None
+
+
+register(Exercise("ch10.noam_lr", "预热学习率", noam_lr, LR_BUGS, _lr_cases, (_lr_hint,)))
