@@ -24,9 +24,11 @@ __all__ = [
     "ACTIVATIONS",
     "FeedForward",
     "LayerNorm",
+    "RMSNorm",
     "ResidualBlock",
     "count_parameters",
     "layer_norm",
+    "rms_norm",
     "swiglu_hidden_size",
 ]
 
@@ -119,6 +121,79 @@ class LayerNorm(nn.Module):
                 new.weight.copy_(w)
             if ln.bias is not None:
                 new.bias.copy_(ln.bias)
+        return new
+
+
+def rms_norm(x: torch.Tensor, weight=None, eps: float | None = None) -> torch.Tensor:
+    """RMSNorm over the last dim (chapter 08, eq-ch08-rmsnorm; Zhang & Sennrich 2019).
+
+    y = x / sqrt(mean(x^2) + eps) * weight, the mean of squares taken over the last dim: no
+    mean is subtracted and there is no shift. The definition ``torch.nn.RMSNorm`` uses,
+    including its default: ``eps=None`` means ``torch.finfo(x.dtype).eps``. A
+    float16/bfloat16 ``x`` is normalised in float32 and the result cast back.
+
+    Args:
+        x: floating tensor ``(..., d)``.
+        weight: ``(d,)`` gain gamma, or None (no gain).
+        eps: added to the mean square, >= 0; None: the machine epsilon of ``x``'s dtype.
+    Returns:
+        tensor of the shape and dtype of ``x``.
+    """
+    _check_layer_norm(x, weight, None, 0.0 if eps is None else eps, fn="rms_norm")
+    eps = torch.finfo(x.dtype).eps if eps is None else eps
+    h = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    ms = h.pow(2).mean(-1, keepdim=True)                 # (1/d) sum_i x_i^2, no mean removed
+    y = h / torch.sqrt(ms + eps)                         # eps inside the square root
+    if weight is not None:
+        y = y * weight                                   # gamma: one gain per feature
+    return y.to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm (chapter 08, eq-ch08-rmsnorm; Zhang & Sennrich 2019); equals ``nn.RMSNorm``.
+
+    Divides each row by its root mean square and multiplies by a learned gain; unlike
+    LayerNorm it subtracts no mean and has no shift. Used, in Pre-LN position, by LLaMA.
+
+    Args:
+        d: number of features (the last dim of the input).
+        eps: added to the mean square; None (PyTorch's default): the input dtype's machine eps.
+        elementwise_affine: learn a gain gamma (init 1).
+    """
+
+    def __init__(self, d: int, eps: float | None = None, *, elementwise_affine: bool = True,
+                 device=None, dtype=None):
+        super().__init__()
+        fn = "RMSNorm"
+        self.d = check_int("d", d, fn=fn)
+        self.eps = None if eps is None else check_float("eps", eps, fn=fn, minimum=0.0)
+        affine = check_bool("elementwise_affine", elementwise_affine, fn=fn)
+        check_dtype("dtype", dtype, fn=fn)
+        check_device("device", device, fn=fn)
+        factory = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.ones(self.d, **factory)) if affine else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_last_dim(x, self.d, "RMSNorm", "d")
+        return rms_norm(x, self.weight, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.d}, eps={self.eps}, elementwise_affine={self.weight is not None}"
+
+    @classmethod
+    def from_torch(cls, rms: nn.RMSNorm) -> "RMSNorm":
+        """A copy of ``nn.RMSNorm`` over one trailing dim (same eps and gain)."""
+        if not isinstance(rms, nn.RMSNorm):
+            raise TypeError(f"RMSNorm.from_torch: `rms` must be an nn.RMSNorm, got {type(rms).__name__}")
+        if len(rms.normalized_shape) != 1:
+            raise ValueError("RMSNorm.from_torch: only normalized_shape of one dim is supported, got "
+                             f"{tuple(rms.normalized_shape)}")
+        w = rms.weight
+        new = cls(rms.normalized_shape[0], rms.eps, elementwise_affine=w is not None,
+                  device=w.device if w is not None else None, dtype=w.dtype if w is not None else None)
+        if w is not None:
+            with torch.no_grad():
+                new.weight.copy_(w)
         return new
 
 
@@ -329,8 +404,7 @@ def count_parameters(module: nn.Module, *, by: str = "kind") -> dict[str, int]:
 # Argument checks (kept out of the functions the book shows)
 # ---------------------------------------------------------------------------------------------
 
-def _check_layer_norm(x, weight, bias, eps) -> None:
-    fn = "layer_norm"
+def _check_layer_norm(x, weight, bias, eps, fn="layer_norm") -> None:
     check_tensor("x", x, fn=fn)
     check_float("eps", eps, fn=fn, minimum=0.0)
     d = x.shape[-1]

@@ -1,15 +1,23 @@
-"""Chapter 08's exercise ``ch08.layer_norm``: LayerNorm written out.
+"""Chapter 08's exercises ``ch08.layer_norm`` (LayerNorm written out) and ``ch08.rms_norm``.
 
 ``y = (x - mean) / sqrt(var + eps) * weight + bias`` over the last dim, with the *biased*
 variance (divide by d) and eps *inside* the square root: what ``torch.nn.LayerNorm`` computes.
 The classic bugs put eps outside the root, use the unbiased variance, normalize over the wrong
-axis, divide by the variance instead of its root or forget the gain and shift. A row with a tiny variance makes the eps bug large.
+axis, divide by the variance instead of its root or forget the gain and shift. A row with a tiny
+variance makes the eps bug large.
+
+``ch08.rms_norm``: ``y = x / sqrt(mean(x^2) + eps) * weight`` over the last dim (what
+``torch.nn.RMSNorm`` computes with an explicit eps). Its classic bugs subtract the mean (that is
+LayerNorm), put eps outside the root, divide by the L2 norm instead of the root *mean* square,
+ignore the gain, or take the mean over the wrong axis. The rows have a mean far from 0, so
+subtracting it shows.
 """
 from __future__ import annotations
 
 import torch
 
 from ..layers import layer_norm as _lib_layer_norm
+from ..layers import rms_norm as _lib_rms_norm
 from ._core import Case, Exercise, register
 from ._report import nearest
 
@@ -94,3 +102,82 @@ def _hint(f):
 
 
 register(Exercise("ch08.layer_norm", "LayerNorm", layer_norm, BUGS, _cases, (_hint,)))
+
+
+# ---------------------------------------------------------------------------------------------
+# ch08.rms_norm
+# ---------------------------------------------------------------------------------------------
+
+def rms_norm(x, weight, eps=1e-6):
+    """RMSNorm over the last dim (chapter 08, eq-ch08-rmsnorm): x / sqrt(mean(x^2) + eps) * weight."""
+    return _lib_rms_norm(x, weight, eps)
+
+
+def _rms_variant(x, weight, eps, *, center=False, outside=False, l2=False, dim=-1, affine=True):
+    h = x - x.mean(dim, keepdim=True) if center else x
+    ms = h.pow(2).sum(dim, keepdim=True) if l2 else h.pow(2).mean(dim, keepdim=True)
+    y = h / (ms.sqrt() + eps if outside else (ms + eps).sqrt())
+    return y * weight if affine else y
+
+
+def _rms_centered(x, weight, eps=1e-6):
+    return _rms_variant(x, weight, eps, center=True)
+
+
+def _rms_eps_outside(x, weight, eps=1e-6):
+    return _rms_variant(x, weight, eps, outside=True)
+
+
+def _rms_l2(x, weight, eps=1e-6):
+    return _rms_variant(x, weight, eps, l2=True)
+
+
+def _rms_no_weight(x, weight, eps=1e-6):
+    return _rms_variant(x, weight, eps, affine=False)
+
+
+def _rms_wrong_axis(x, weight, eps=1e-6):
+    return _rms_variant(x, weight, eps, dim=0)
+
+
+RMS_BUGS = {
+    "mean_subtracted": _rms_centered,
+    "eps_outside_root": _rms_eps_outside,
+    "l2_norm_not_rms": _rms_l2,
+    "weight_ignored": _rms_no_weight,
+    "normalized_over_wrong_axis": _rms_wrong_axis,
+}
+
+
+def _rms_cases(g):
+    def r(*shape, scale=1.0, shift=0.0):
+        return torch.randn(shape, generator=g, dtype=torch.float64) * scale + shift
+    return [
+        Case("小例子，均值不为 0", (r(3, 4, shift=1.5), r(4, scale=0.5, shift=1.0), 1e-6),
+             note="d = 4，每行的均值约 1.5：RMSNorm 不减均值。"),
+        Case("尺度很小的行", (r(2, 8, scale=0.002, shift=0.001), r(8, scale=0.5, shift=1.0), 1e-5),
+             note="每行的均方根约 0.002，均方约 4e-6，与 eps = 1e-5 同一个量级。"),
+        Case("批 (2, 3, 6)，eps = 0.1", (r(2, 3, 6, scale=2.0, shift=1.0),
+                                         r(6, scale=0.5, shift=1.0), 0.1),
+             note="eps 取传入的值 0.1。"),
+    ]
+
+
+def _rms_hint(f):
+    if f.kind != "value":
+        return None
+    x, w, eps = (f.inputs[key] for key in ("x", "weight", "eps"))
+    d = x.shape[-1]
+    alts = [("RMSNorm 不减均值：直接除以 sqrt(mean(x²) + ε)；减去均值再除，就成了 LayerNorm。",
+             _rms_variant(x, w, eps, center=True)),
+            ("ε 应加在根号里面：除以 sqrt(mean(x²) + ε)，不是 sqrt(mean(x²)) + ε。",
+             _rms_variant(x, w, eps, outside=True)),
+            (f"要除以均方根 sqrt(mean(x²))，不是 L2 范数 sqrt(sum(x²))：后者大了 √d = √{d} 倍。",
+             _rms_variant(x, w, eps, l2=True)),
+            ("归一化之后还要乘以 weight（γ）。", _rms_variant(x, w, eps, affine=False)),
+            ("均方要沿最后一维（每个词元自己的 d 个特征，dim=-1）计算。",
+             _rms_variant(x, w, eps, dim=0))]
+    return nearest(f.got, f.expected, alts)
+
+
+register(Exercise("ch08.rms_norm", "RMSNorm", rms_norm, RMS_BUGS, _rms_cases, (_rms_hint,)))
