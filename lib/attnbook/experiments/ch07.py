@@ -114,8 +114,9 @@ def rank1_residual(x: torch.Tensor) -> float:
     """r(X) = ||X - 1 mean(X)|| / ||X|| (chapter 07, eq-ch07-rank1-residual).
 
     Frobenius norms, averaged over the batch: how far the ``n`` token vectors of each
-    sequence are from all being equal (Dong et al. 2021's res(X); the row mean gives the
-    rank-1 matrix 1 x^T nearest to X). Args: x ``(B, n, d)``. Returns a float in [0, 1].
+    sequence are from all being equal. Dong et al. 2021 measure res(X) = X - 1 x^T in a
+    mixed l1/l-inf norm; in the Frobenius norm the row mean is the nearest x.
+    Args: x ``(B, n, d)``. Returns a float in [0, 1].
     """
     if x.ndim != 3:
         raise ValueError(f"rank1_residual: `x` must be (B, n, d), got {tuple(x.shape)}")
