@@ -21,7 +21,7 @@ NAMES = ["ch01.clip_grad_norm", "ch01.jacobian_product", "ch02.sequence_logprob"
          "ch04.attention", "ch04.causal_attention", "ch04.masked_softmax", "ch05.merge_heads",
          "ch05.repeat_kv", "ch05.split_heads",
          "ch06.rope", "ch06.sinusoidal", "ch07.feed_forward", "ch07.swiglu",
-         "ch08.layer_norm", "ch08.rms_norm", "ch09.attention_backward", "ch09.merge_partial",
+         "ch08.layer_norm", "ch08.residual_block", "ch08.rms_norm", "ch09.attention_backward", "ch09.merge_partial",
          "ch09.online_softmax", "ch10.noam_lr", "ch10.smoothed_cross_entropy", "ch11.kv_step", "ch11.sampling_probs"]
 
 # (exercise, bug) -> words the hint must contain: the mistake's symptom, named
@@ -112,6 +112,11 @@ SYMPTOMS = {
     ("ch08.layer_norm", "normalized_over_wrong_axis"): ["沿最后一维"],
     ("ch08.layer_norm", "weight_and_bias_ignored"): ["weight（γ）", "bias（β）"],
     ("ch08.layer_norm", "divides_by_variance"): ["标准差", "不是方差"],
+    ("ch08.residual_block", "orders_swapped"): ["两种顺序用反了"],
+    ("ch08.residual_block", "pre_ln_adds_normalised_input"): ["加的是原来的 x", "不是 LN(x)"],
+    ("ch08.residual_block", "pre_ln_output_normalised"): ["输出不再过 LayerNorm"],
+    ("ch08.residual_block", "post_ln_residual_dropped"): ["少了残差"],
+    ("ch08.residual_block", "post_ln_normalises_before_sum"): ["先相加再归一化"],
     ("ch08.rms_norm", "mean_subtracted"): ["不减均值", "LayerNorm"],
     ("ch08.rms_norm", "eps_outside_root"): ["ε 应加在根号里面"],
     ("ch08.rms_norm", "l2_norm_not_rms"): ["均方根", "L2 范数", "√d"],
@@ -407,6 +412,9 @@ def test_independent_correct_answers_pass_in_float32_and_float64():
         "ch05.split_heads": [lambda x, h: x.unflatten(-1, (h, -1)).transpose(1, 2)],
         "ch06.sinusoidal": [pe32],
         "ch08.layer_norm": [lambda x, w, b, eps=1e-5: F.layer_norm(x, x.shape[-1:], w, b, eps)],
+        "ch08.residual_block": [
+            lambda x, w1, w2, nf: (x + F.relu(F.layer_norm(x, x.shape[-1:]) @ w1) @ w2 if nf
+                                   else F.layer_norm(x + F.relu(x @ w1) @ w2, x.shape[-1:]))],
         "ch08.rms_norm": [lambda x, w, eps=1e-6: F.rms_norm(x, x.shape[-1:], w, eps),
                           lambda x, w, eps=1e-6: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w],
         "ch01.clip_grad_norm": [torch.nn.utils.clip_grad_norm_, clip_rebind_grad],

@@ -6,6 +6,12 @@ The classic bugs put eps outside the root, use the unbiased variance, normalize 
 axis, divide by the variance instead of its root or forget the gain and shift. A row with a tiny
 variance makes the eps bug large.
 
+``ch08.residual_block``: one sublayer ``f(z) = relu(z @ w1) @ w2`` wired as Post-LN,
+``LN(x + f(x))``, or Pre-LN, ``x + f(LN(x))`` (LN without gain and shift, eps 1e-5; eq-ch08-pre-post).
+Its classic bugs swap the two orders, add the normalised input instead of ``x`` in Pre-LN,
+normalise the Pre-LN output as well, drop the residual in Post-LN, or normalise ``x`` before
+the sum in Post-LN (``LN(x) + f(x)``).
+
 ``ch08.rms_norm``: ``y = x / sqrt(mean(x^2) + eps) * weight`` over the last dim (what
 ``torch.nn.RMSNorm`` computes with an explicit eps). Its classic bugs subtract the mean (that is
 LayerNorm), put eps outside the root, divide by the L2 norm instead of the root *mean* square,
@@ -181,3 +187,90 @@ def _rms_hint(f):
 
 
 register(Exercise("ch08.rms_norm", "RMSNorm", rms_norm, RMS_BUGS, _rms_cases, (_rms_hint,)))
+
+
+# ---------------------------------------------------------------------------------------------
+# ch08.residual_block
+# ---------------------------------------------------------------------------------------------
+
+def _ffn(z, w1, w2):
+    return torch.relu(z @ w1) @ w2
+
+
+def _ln(z):
+    return _lib_layer_norm(z, None, None, 1e-5)
+
+
+def residual_block(x, w1, w2, norm_first):
+    """One residual sublayer (chapter 08, eq-ch08-pre-post): LN(x + f(x)) or x + f(LN(x))."""
+    return x + _ffn(_ln(x), w1, w2) if norm_first else _ln(x + _ffn(x, w1, w2))
+
+
+def _block_variant(x, w1, w2, norm_first, kind):
+    f = lambda z: _ffn(z, w1, w2)  # noqa: E731
+    if kind == "swapped":
+        norm_first = not norm_first
+        return x + f(_ln(x)) if norm_first else _ln(x + f(x))
+    if kind == "adds_normalised":
+        return _ln(x) + f(_ln(x)) if norm_first else _ln(x + f(x))
+    if kind == "pre_output_normalised":
+        return _ln(x + f(_ln(x))) if norm_first else _ln(x + f(x))
+    if kind == "post_no_residual":
+        return x + f(_ln(x)) if norm_first else _ln(f(x))
+    if kind == "post_ln_before_sum":
+        return x + f(_ln(x)) if norm_first else _ln(x) + f(x)
+    raise ValueError(kind)
+
+
+def _bug(kind):
+    def bug(x, w1, w2, norm_first):
+        return _block_variant(x, w1, w2, norm_first, kind)
+    bug.__name__ = f"_{kind}"
+    return bug
+
+
+BLOCK_BUGS = {
+    "orders_swapped": _bug("swapped"),
+    "pre_ln_adds_normalised_input": _bug("adds_normalised"),
+    "pre_ln_output_normalised": _bug("pre_output_normalised"),
+    "post_ln_residual_dropped": _bug("post_no_residual"),
+    "post_ln_normalises_before_sum": _bug("post_ln_before_sum"),
+}
+
+
+def _block_cases(g):
+    def r(*shape, scale=1.0, shift=0.0):
+        return torch.randn(shape, generator=g, dtype=torch.float64) * scale + shift
+    d, h = 6, 12
+    w = lambda: (r(d, h, scale=d ** -0.5), r(h, d, scale=h ** -0.5))  # noqa: E731
+    return [
+        Case("Post-LN（norm_first=False）", (r(3, d, scale=2.0, shift=1.0), *w(), False),
+             note="x 的每行均值约 1、标准差约 2：Post-LN 的输出每行均值 0、方差约 1。",
+             tags=frozenset({"post"})),
+        Case("Pre-LN（norm_first=True）", (r(3, d, scale=2.0, shift=1.0), *w(), True),
+             note="Pre-LN 的输出是 x 加上子层的修正：它不被归一化。", tags=frozenset({"pre"})),
+        Case("批 (2, 4, 6)，Pre-LN", (r(2, 4, d, scale=3.0), *w(), True),
+             note="Pre-LN，输入有批和时间两维。", tags=frozenset({"pre"})),
+    ]
+
+
+def _block_hint(f):
+    if f.kind != "value":
+        return None
+    x, w1, w2, nf = (f.inputs[k] for k in ("x", "w1", "w2", "norm_first"))
+    texts = {
+        "swapped": "两种顺序用反了：norm_first=True 是 Pre-LN，x + f(LN(x))；"
+                   "norm_first=False 是 Post-LN，LN(x + f(x))。",
+        "adds_normalised": "Pre-LN 的残差加的是原来的 x，不是 LN(x)：x + f(LN(x))，"
+                           "残差流本身不被归一化。",
+        "pre_output_normalised": "Pre-LN 的输出不再过 LayerNorm：x + f(LN(x))；"
+                                 "归一化只在子层的入口（最后一层之后另有一个）。",
+        "post_no_residual": "Post-LN 少了残差：是 LN(x + f(x))，不是 LN(f(x))。",
+        "post_ln_before_sum": "Post-LN 先相加再归一化：LN(x + f(x))，不是 LN(x) + f(x)。",
+    }
+    alts = [(text, _block_variant(x, w1, w2, nf, kind)) for kind, text in texts.items()]
+    return nearest(f.got, f.expected, alts)
+
+
+register(Exercise("ch08.residual_block", "Pre-LN 与 Post-LN 的残差块", residual_block, BLOCK_BUGS,
+                  _block_cases, (_block_hint,)))
