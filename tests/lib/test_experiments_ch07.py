@@ -53,8 +53,17 @@ GOOD_XOR = dict(one_att_identity=1e-14, one_att_loss=math.log(2), one_ffn_correc
                 two_att_correct=4, two_att_loss=1e-4, one_att_correct=2, two_att_identity=3.0,
                 one_ffn_identity=9.0)
 GOOD_COL = dict(attn_12=2e-16, attn_ffn_12=2e-16, skip_12=0.6, skip_ffn_12=0.5)
+GOOD_RATIO = dict(loss_r1=0.4, loss_r2=0.3, loss_r4=0.2, loss_r8=0.37, params_r1=7072, params_r2=7320,
+                  params_r4=7008, params_r8=6552)
 GOOD_ACT = dict(relu_ffn_params=4608, gelu_ffn_params=4608, swiglu_ffn_params=4608, relu_loss=0.2,
                 gelu_loss=0.19, swiglu_loss=0.1, none_loss=1.5)
+
+
+def test_ratio_configs_have_about_the_same_layer_parameters():
+    counts = {r: ch07.layer_params(ch07.ModSum("relu", d=d, d_ff=r * d)) for r, d in ch07.RATIO_WIDTHS.items()}
+    assert counts == {1: 7072, 2: 7320, 4: 7008, 8: 6552}
+    assert counts[4] == ch07.layer_params(ch07.ModSum("relu"))            # the default is r = 4
+    assert ch07.ModSum("relu", d=24, d_ff=48).ffn.d_ff == 48
 
 
 @pytest.mark.parametrize("name,good,wrong", [
@@ -66,6 +75,9 @@ GOOD_ACT = dict(relu_ffn_params=4608, gelu_ffn_params=4608, swiglu_ffn_params=46
     ("ch07.activations", GOOD_ACT, dict(swiglu_ffn_params=4000)),     # unequal parameters
     ("ch07.activations", GOOD_ACT, dict(swiglu_loss=0.3)),            # SwiGLU not lowest
     ("ch07.activations", GOOD_ACT, dict(relu_loss=0.5)),              # an FFN no better than none
+    ("ch07.ffn_ratio", GOOD_RATIO, dict(loss_r8=0.1)),                # the widest ratio best
+    ("ch07.ffn_ratio", GOOD_RATIO, dict(loss_r1=0.15)),               # the narrowest best
+    ("ch07.ffn_ratio", GOOD_RATIO, dict(params_r8=4000)),             # not parameter-matched
 ])
 def test_each_predicate_rejects_the_wrong_finding(name, good, wrong):
     exp = experiments.get(name)

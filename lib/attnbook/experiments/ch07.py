@@ -24,7 +24,7 @@ from ..layers import FeedForward, LayerNorm
 from ..multihead import MultiHeadAttention
 from .registry import register
 
-__all__ = ["BITS", "XOR", "TwoBitModel", "train_xor", "xor_runs", "xor_metrics", "run_xor", "rank1_residual",
+__all__ = ["RATIO_WIDTHS", "layer_params", "run_ratios", "BITS", "XOR", "TwoBitModel", "train_xor", "xor_runs", "xor_metrics", "run_xor", "rank1_residual",
            "collapse_profile", "run_collapse", "ffn_width", "ModSum", "mod_sum_data",
            "train_mod_sum", "run_activations", "P_MOD", "D_MOD", "MOD_STEPS", "COLLAPSE_MODES"]
 
@@ -171,17 +171,18 @@ def ffn_width(activation: str, d: int) -> int:
 
 class ModSum(nn.Module):
     """``(a + b) mod P`` from two positions: token + position embeddings, one Pre-LN layer
-    (attention, then a bias-free FFN of :func:`ffn_width` or none), a final LN, a readout
-    at the second position."""
+    (attention, then a bias-free FFN of width ``d_ff``, by default :func:`ffn_width`, or
+    none), a final LN, a readout at the second position."""
 
-    def __init__(self, activation: str | None, p: int = P_MOD, d: int = D_MOD, n_heads: int = 2):
+    def __init__(self, activation: str | None, p: int = P_MOD, d: int = D_MOD, n_heads: int = 2,
+                 d_ff: int | None = None):
         super().__init__()
         self.emb = nn.Embedding(p, d)
         self.pos = nn.Parameter(0.5 * torch.randn(2, d))
         self.norm1, self.attn = LayerNorm(d), MultiHeadAttention(d, n_heads)
         self.norm2 = LayerNorm(d)
         self.ffn = None if activation is None else FeedForward(
-            d, ffn_width(activation, d), activation=activation, bias=False)
+            d, d_ff or ffn_width(activation, d), activation=activation, bias=False)
         self.final, self.head = LayerNorm(d), nn.Linear(d, p)
 
     def forward(self, ab: torch.Tensor) -> torch.Tensor:
@@ -200,14 +201,15 @@ def mod_sum_data(p: int = P_MOD):
     return ab, (ab[:, 0] + ab[:, 1]) % p
 
 
-def train_mod_sum(activation: str | None, seed: int, steps: int = MOD_STEPS, lr: float = 3e-3):
+def train_mod_sum(activation: str | None, seed: int, steps: int = MOD_STEPS, lr: float = 3e-3,
+                  d: int = D_MOD, d_ff: int | None = None):
     """Train :class:`ModSum` on all pairs (full batch, Adam, ``steps`` steps, seed ``seed``).
 
     Returns ``(model, loss, accuracy)`` on the same pairs after training.
     """
     steps = check_int("steps", steps, fn="train_mod_sum")
     torch.manual_seed(seed)
-    model = ModSum(activation)
+    model = ModSum(activation, d=d, d_ff=d_ff)
     ab, y = mod_sum_data()
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     for _ in range(steps):
@@ -233,6 +235,25 @@ def run_activations(seed: int) -> dict:
         m[f"{tag}_ffn_params"] = _ffn_params(model)
     m["relu_over_swiglu"] = m["relu_loss"] / m["swiglu_loss"]
     m["relu_over_gelu"] = m["relu_loss"] / m["gelu_loss"]
+    return m
+
+
+# d_ff / d = r at about the same layer parameters (attention 4d^2 + 4d, FFN 2 r d^2)
+RATIO_WIDTHS = {1: 34, 2: 30, 4: 24, 8: 18}
+
+
+def layer_params(model: ModSum) -> int:
+    """Parameters of the attention and FFN sublayers (not embeddings, norms or readout)."""
+    return sum(p.numel() for p in model.attn.parameters()) + _ffn_params(model)
+
+
+def run_ratios(seed: int) -> dict:
+    """One seed: ReLU FFNs with d_ff = r d for r in 1, 2, 4, 8 at about 7000 layer
+    parameters (d = 34, 30, 24, 18), ``MOD_STEPS`` steps each."""
+    m = {}
+    for r, d in RATIO_WIDTHS.items():
+        model, m[f"loss_r{r}"], _ = train_mod_sum("relu", seed, d=d, d_ff=r * d)
+        m[f"params_r{r}"] = layer_params(model)
     return m
 
 
@@ -267,3 +288,12 @@ register("ch07.activations", chapter="07", run=run_activations,
          quoted=("relu_loss", "gelu_loss", "swiglu_loss", "none_loss", "relu_over_swiglu",
                  "relu_over_gelu"),
          fmt=".3f")
+register("ch07.ffn_ratio", chapter="07", run=run_ratios,
+         claim="层参数约 7000 时（注意力加 ReLU FFN），模加法 100 步后 d_ff/d = 2 或 4 的损失低于 1 和 8；"
+               "2 与 4 之间没有一致的先后",
+         rule="min(loss_r2, loss_r4) < min(loss_r1, loss_r8); layer params within 7000 +- 8 %",
+         notes="d changes with r (34, 30, 24, 18), so the embeddings and the readout change too; "
+               "the layer parameters are 7072, 7320, 7008, 6552.",
+         holds=lambda m: min(m["loss_r2"], m["loss_r4"]) < min(m["loss_r1"], m["loss_r8"])
+         and all(abs(m[f"params_r{r}"] / 7000 - 1) < 0.08 for r in RATIO_WIDTHS),
+         quoted=("loss_r1", "loss_r2", "loss_r4", "loss_r8"), fmt=".3f")
