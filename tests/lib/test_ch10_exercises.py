@@ -8,10 +8,11 @@ import torch
 import torch.nn.functional as F
 
 from attnbook import exercises
+from attnbook import causal_mask
 from attnbook.exercises import check
 from attnbook.train import label_smoothed_cross_entropy, vaswani_lr
 
-NAMES = ("ch10.smoothed_cross_entropy", "ch10.noam_lr")
+NAMES = ("ch10.smoothed_cross_entropy", "ch10.noam_lr", "ch10.decoder_mask")
 SEEDS = range(2, 6)
 
 
@@ -41,8 +42,14 @@ def noam_where(steps, d_model, warmup):
     return torch.where(rising, steps * warmup ** -1.5, steps.rsqrt()) / d_model ** 0.5
 
 
+def mask_by_loops(tgt_pad):
+    b, t = tgt_pad.shape
+    return torch.tensor([[[[j <= i and bool(tgt_pad[r, j]) for j in range(t)] for i in range(t)]]
+                         for r in range(b)])
+
+
 @pytest.mark.parametrize("name,fn", [(NAMES[0], torch_smoothed), (NAMES[0], by_hand),
-                                     (NAMES[1], noam_where)])
+                                     (NAMES[1], noam_where), (NAMES[2], mask_by_loops)])
 @pytest.mark.parametrize("seed", (0, 1, 2))
 def test_independent_correct_answers_pass(name, fn, seed):
     ok, text = run(name, fn, seed)
@@ -80,3 +87,13 @@ def test_the_eps_over_V_minus_1_bug_is_a_real_distribution_not_the_chapter_one()
     target = torch.randint(1, 6, (2, 3), generator=g)
     a = ex.bugs["eps_over_V_minus_1"](logits, target, 0.1, 0)
     assert (a - ex.solution(logits, target, 0.1, 0)).abs() > 1e-4
+
+
+def test_the_mask_must_be_bool_and_equals_the_library_causal_mask_and_padding():
+    ex = exercises.get("ch10.decoder_mask")
+    ok, text = run("ch10.decoder_mask", lambda p: ex.solution(p).double())   # 0/1 floats
+    assert not ok and "bool" in text
+    pad = torch.tensor([[True, True, True, False], [True, False, False, False]])
+    want = causal_mask(4, 4)[None, None] & pad[:, None, None, :]
+    assert torch.equal(ex.solution(pad), want)
+    assert not ex.solution(pad)[1, 0, :, 1:].any() and ex.solution(pad)[1, 0, :, 0].all()  # PAD keys

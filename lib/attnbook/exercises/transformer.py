@@ -1,4 +1,5 @@
-"""Chapter 10's exercises: the label-smoothed cross-entropy and the warm-up learning rate.
+"""Chapter 10's exercises: the label-smoothed cross-entropy, the warm-up learning rate, the
+decoder's mask.
 
 ``ch10.smoothed_cross_entropy(logits, target, smoothing, pad_id)``: logits ``(B, T, V)``,
 targets ``(B, T)`` padded with ``pad_id``, smoothing eps; return the mean over the non-PAD
@@ -15,6 +16,12 @@ log(softmax) that gives -inf on large logits, the sum instead of the mean.
 from 1. The classic bugs: max instead of min, the d_model^-0.5 factor dropped, warmup^-1 or
 warmup^-0.5 in the rising part, steps counted from 0 (lr = 0 at the first step) or shifted by
 one to dodge 0^-0.5.
+
+``ch10.decoder_mask(tgt_pad)``: the target pad mask ``(B, T)`` (True = a real token); return
+the decoder self-attention's bool mask ``(B, 1, T, T)``, True = may attend: query i sees key j
+iff j <= i and j is a real token. The classic bugs: the causal part or the padding part
+missing, padding applied to the queries (rows) instead of the keys, the diagonal hidden
+(tril(-1)), the upper triangle, torch's polarity (True = hidden), no head axis.
 """
 from __future__ import annotations
 
@@ -22,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ..train import label_smoothed_cross_entropy
-from ._core import Case, Exercise, register
+from ._core import OUT, Case, Exercise, register
 from ._report import close
 
 
@@ -207,3 +214,85 @@ def _lr_hint(f):
 
 
 register(Exercise("ch10.noam_lr", "预热学习率", noam_lr, LR_BUGS, _lr_cases, (_lr_hint,)))
+
+
+# ------------------------------------------------------------------ the decoder's self-attention mask
+def decoder_mask(tgt_pad):
+    """(B, 1, T, T) bool, True = may attend: query i sees key j iff j <= i and j is no PAD."""
+    t = tgt_pad.shape[-1]
+    causal = torch.ones(t, t, dtype=torch.bool, device=tgt_pad.device).tril()
+    return causal & tgt_pad[:, None, None, :]
+
+
+def _mask(tgt_pad, *, causal="tril", pad="keys", invert=False, keepdim=True):
+    t = tgt_pad.shape[-1]
+    ones = torch.ones(t, t, dtype=torch.bool)
+    c = {"tril": ones.tril(), "none": ones, "strict": ones.tril(-1), "triu": ones.triu()}[causal]
+    p = {"keys": tgt_pad[:, None, None, :], "queries": tgt_pad[:, None, :, None],
+         "none": torch.ones_like(tgt_pad)[:, None, None, :]}[pad]
+    m = c & p
+    m = ~m if invert else m
+    return m if keepdim else m[:, 0]
+
+
+MASK_BUGS = {
+    "causal_only": lambda p: _mask(p, pad="none"),
+    "padding_only": lambda p: _mask(p, causal="none"),
+    "pad_hides_queries_not_keys": lambda p: _mask(p, pad="queries"),
+    "diagonal_hidden": lambda p: _mask(p, causal="strict"),
+    "sees_the_future": lambda p: _mask(p, causal="triu"),
+    "polarity_inverted": lambda p: _mask(p, invert=True),
+    "no_head_axis": lambda p: _mask(p, keepdim=False),
+}
+
+
+def _mask_run(fn, args, kwargs):
+    ret = fn(*args, **kwargs)
+    if isinstance(ret, torch.Tensor):                 # bool compared as 0/1; any other dtype
+        return ret, {OUT: ret.double() if ret.dtype == torch.bool else ret.long()}  # fails
+    return ret, {OUT: ret}
+
+
+def _mask_cases(g):
+    def pads(lengths, t):
+        return torch.arange(t) < torch.tensor(lengths)[:, None]
+
+    t = int(torch.randint(6, 10, (1,), generator=g))
+    lengths = torch.randint(2, t, (3,), generator=g).tolist()
+    return [
+        Case("2 个目标句，长 4 和 2（右边补 PAD）", (pads([4, 2], 4),),
+             note="tgt_pad 形状 (2, 4)，True = 真实词元；第二句的位置 2、3 是 PAD。"),
+        Case(f"3 个目标句，T = {t}，长度 {lengths}", (pads(lengths, t),),
+             note="每句的 PAD 都在右边。"),
+    ]
+
+
+MASK_MESSAGES = {
+    "causal_only": "少了键填充：PAD 位置作为键也要挡住（& tgt_pad[:, None, None, :]）。",
+    "padding_only": "少了因果掩码：查询 i 只能看键 j ≤ i（下三角 tril），不能看后面的词元。",
+    "pad_hides_queries_not_keys": ("填充掩码加在了查询（行）上：要挡住的是 PAD 作为键（列），"
+                                   "即 tgt_pad[:, None, None, :]。"),
+    "diagonal_hidden": "对角线也挡住了：查询 i 可以看它自己（j ≤ i，tril() 而不是 tril(-1)）。",
+    "sees_the_future": "用了上三角：查询 i 看的是 j ≤ i，下三角 tril()，不是 triu()。",
+    "polarity_inverted": ("掩码的含义反了：本书约定 True = 可以关注（nn.Transformer 的约定相反，"
+                          "True = 挡住）。"),
+}
+
+
+def _mask_hint(f):
+    if f.kind == "shape":
+        return ("形状应是 (B, 1, T, T)：中间的 1 是头的维度，这样掩码能广播到 (B, H, T, T) 的分数上。")
+    if f.kind in ("dtype", "type"):
+        return "返回一个 bool 张量（True = 可以关注），形状 (B, 1, T, T)。"
+    if f.kind != "value":
+        return None
+    pad = f.inputs["tgt_pad"]
+    for name, message in MASK_MESSAGES.items():
+        alt = MASK_BUGS[name](pad)
+        if f.got.shape == alt.shape and torch.equal(f.got.bool(), alt):
+            return message
+    return None
+
+
+register(Exercise("ch10.decoder_mask", "解码器自注意力的掩码", decoder_mask, MASK_BUGS, _mask_cases,
+                  (_mask_hint,), run=_mask_run))
