@@ -22,7 +22,7 @@ NAMES = ["ch01.clip_grad_norm", "ch01.jacobian_product", "ch02.sequence_logprob"
          "ch05.repeat_kv", "ch05.split_heads",
          "ch06.rope", "ch06.sinusoidal", "ch07.feed_forward", "ch07.swiglu",
          "ch08.layer_norm", "ch08.residual_block", "ch08.rms_norm", "ch09.attention_backward", "ch09.merge_partial",
-         "ch09.online_softmax", "ch10.noam_lr", "ch10.smoothed_cross_entropy", "ch11.kv_step", "ch11.sampling_probs"]
+         "ch09.online_softmax", "ch10.decoder_mask", "ch10.noam_lr", "ch10.smoothed_cross_entropy", "ch11.kv_step", "ch11.sampling_probs"]
 
 # (exercise, bug) -> words the hint must contain: the mistake's symptom, named
 SYMPTOMS = {
@@ -177,6 +177,13 @@ SYMPTOMS = {
     ("ch10.smoothed_cross_entropy", "pad_id_hard_coded_0"): ["写死成了 0", "pad_id"],
     ("ch10.smoothed_cross_entropy", "log_of_softmax"): ["log_softmax", "下溢"],
     ("ch10.smoothed_cross_entropy", "sum_not_mean"): ["总和", "平均"],
+    ("ch10.decoder_mask", "causal_only"): ["少了键填充"],
+    ("ch10.decoder_mask", "padding_only"): ["少了因果掩码", "tril"],
+    ("ch10.decoder_mask", "pad_hides_queries_not_keys"): ["查询（行）", "键（列）"],
+    ("ch10.decoder_mask", "diagonal_hidden"): ["对角线", "tril(-1)"],
+    ("ch10.decoder_mask", "sees_the_future"): ["上三角", "triu()"],
+    ("ch10.decoder_mask", "polarity_inverted"): ["含义反了", "True = 可以关注"],
+    ("ch10.decoder_mask", "no_head_axis"): ["(B, 1, T, T)", "广播"],
     ("ch10.noam_lr", "max_not_min"): ["用了 max", "torch.minimum"],
     ("ch10.noam_lr", "no_d_model_factor"): ["d_model^-0.5"],
     ("ch10.noam_lr", "warmup_to_the_minus_1"): ["step/warmup", "warmup^-1.5"],
