@@ -18,6 +18,15 @@ def test_one_position_attention_only_is_affine_and_two_positions_are_not():
         ch07.TwoBitModel(False, positions=3)
 
 
+def test_an_exponential_decay_fails_the_loglog_test():
+    # r_l = q^l (exponential): ln r_3 / ln r_2 = 1.5; the doubly exponential measure needs > 2
+    q = 0.1
+    assert math.log(q**3) / math.log(q**2) == pytest.approx(1.5)
+    m = ch07.run_collapse(seed=0)
+    assert m["attn_loglog"] == pytest.approx(math.log(m["attn_3"]) / math.log(m["attn_2"]))
+    assert m["attn_3"] < m["attn_2"] < m["attn_1"]
+
+
 def test_rank1_residual_reads_hand_built_inputs():
     same = torch.ones(2, 5, 3, dtype=torch.float64) * torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
     assert ch07.rank1_residual(same) < 1e-15                              # all rows equal
@@ -52,11 +61,12 @@ def test_a_short_run_fails_the_activation_claim():
 GOOD_XOR = dict(one_att_identity=1e-14, one_att_loss=math.log(2), one_ffn_correct=4, one_ffn_loss=1e-4,
                 two_att_correct=4, two_att_loss=1e-4, one_att_correct=2, two_att_identity=3.0,
                 one_ffn_identity=9.0)
-GOOD_COL = dict(attn_12=2e-16, attn_ffn_12=2e-16, skip_12=0.6, skip_ffn_12=0.5)
+GOOD_COL = dict(attn_12=2e-16, attn_ffn_12=2e-16, skip_12=0.6, skip_ffn_12=0.5, attn_loglog=4.2)
 GOOD_RATIO = dict(loss_r1=0.4, loss_r2=0.3, loss_r4=0.2, loss_r8=0.37, params_r1=7072, params_r2=7320,
                   params_r4=7008, params_r8=6552)
 GOOD_ACT = dict(relu_ffn_params=4608, gelu_ffn_params=4608, swiglu_ffn_params=4608, relu_loss=0.2,
-                gelu_loss=0.19, swiglu_loss=0.1, none_loss=1.5)
+                gelu_loss=0.19, swiglu_loss=0.1, none_loss=1.5,
+                best_other_over_swiglu_lo=1.2, best_other_over_swiglu_hi=1.5)
 
 
 def test_ratio_configs_have_about_the_same_layer_parameters():
@@ -72,9 +82,12 @@ def test_ratio_configs_have_about_the_same_layer_parameters():
     ("ch07.xor", GOOD_XOR, dict(one_att_identity=1e-3)),              # not affine at n = 1
     ("ch07.rank_collapse", GOOD_COL, dict(attn_12=0.1)),              # no collapse
     ("ch07.rank_collapse", GOOD_COL, dict(skip_12=1e-8)),             # skips collapse too
+    ("ch07.rank_collapse", GOOD_COL, dict(attn_loglog=1.4)),          # only exponential
     ("ch07.activations", GOOD_ACT, dict(swiglu_ffn_params=4000)),     # unequal parameters
     ("ch07.activations", GOOD_ACT, dict(swiglu_loss=0.3)),            # SwiGLU not lowest
     ("ch07.activations", GOOD_ACT, dict(relu_loss=0.5)),              # an FFN no better than none
+    ("ch07.activations", GOOD_ACT, dict(best_other_over_swiglu_lo=0.9)),  # flips at lr 1e-3
+    ("ch07.activations", GOOD_ACT, dict(best_other_over_swiglu_hi=0.9)),  # flips at lr 1e-2
     ("ch07.ffn_ratio", GOOD_RATIO, dict(loss_r8=0.1)),                # the widest ratio best
     ("ch07.ffn_ratio", GOOD_RATIO, dict(loss_r1=0.15)),               # the narrowest best
     ("ch07.ffn_ratio", GOOD_RATIO, dict(params_r8=4000)),             # not parameter-matched
