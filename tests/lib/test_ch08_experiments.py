@@ -31,6 +31,19 @@ def test_skip_claim_rejects_a_wrong_value(skip0, wrong):
     assert exp.holds(skip0) and not exp.holds(dict(skip0, **wrong))
 
 
+def test_skip_control_he_init_no_vanishing_without_skip(skip0):
+    torch.set_num_threads(1)
+    m = ch08.skip_control(0, init="he")                                  # variance-preserving
+    exp = experiments.get("ch08.skip_control_he")
+    assert exp.holds(m) and not exp.holds(skip0)                         # default init fails it
+    assert m["noskip_gx0"] > 1e6 * skip0["noskip_gx0"]                  # the init, not the skip
+    assert m["skip_gx0"] > 10 * skip0["skip_gx0"]                        # the skip now amplifies
+    for wrong in (dict(noskip_gx0=1e-5), dict(noskip_first_last=1e-3), dict(skip_gx0=1.4)):
+        assert not exp.holds(dict(m, **wrong)), wrong
+    with pytest.raises(ValueError, match=r"skip_control: `init` must be one of \('default', 'he'\)"):
+        ch08.skip_control(0, init="xavier")
+
+
 def test_pre_ln_cause_profiles_and_claim():
     torch.set_num_threads(1)
     p = ch08.pre_ln_cause(0)

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .._checks import check_int
+from .._checks import check_choice, check_int
 from ..blocks import EncoderLayer
 from ..layers import FeedForward, LayerNorm
 from ..train import fit
@@ -175,20 +175,30 @@ def run_post_ln_path(seed: int) -> dict:
     return post_ln_path_metrics(post_ln_path(seed))
 
 
-def skip_control(seed: int, n_layers: int = 12, d: int = 64) -> dict:
+def skip_control(seed: int, n_layers: int = 12, d: int = 64, init: str = "default") -> dict:
     """At initialisation, a stack of ``n_layers`` FFN sublayers (chapter 07's ``FeedForward``,
-    GELU, d_ff = 4d, PyTorch's default init, no LayerNorm) with the skip ``x + f(x)`` and
-    without it (``f(x)``); the same weights and batch for both.
+    GELU, d_ff = 4d, no LayerNorm) with the skip ``x + f(x)`` and without it (``f(x)``); the
+    same weights and batch for both.
 
+    ``init="default"`` keeps PyTorch's default init (weights U(+-1/sqrt(fan_in)): each sublayer
+    shrinks its input); ``init="he"`` is variance-preserving: Kaiming-normal (He et al. 2015)
+    for the first matrix, N(0, 1/fan_in) for the second, zero biases.
     Returns ``{skip, noskip}_{gx0, first_last, out_std}``: ``gx0`` = ||dL/dx_0|| / ||dL/dx_L||
     (how much of the output's gradient reaches the input), ``first_last`` = ||dL/dW_2|| of the
     first layer over the last one's, ``out_std`` = std of x_L (the input has std 1).
     """
     seed = check_int("seed", seed, fn="skip_control", minimum=0)
+    init = check_choice("init", init, ("default", "he"), fn="skip_control")
     m = {}
     for skip in (True, False):
         torch.manual_seed(seed)
         ffns = [FeedForward(d, 4 * d, activation="gelu") for _ in range(n_layers)]
+        if init == "he":
+            for f in ffns:
+                nn.init.kaiming_normal_(f.linear1.weight, nonlinearity="relu")
+                nn.init.kaiming_normal_(f.linear2.weight, nonlinearity="linear")
+                nn.init.zeros_(f.linear1.bias)
+                nn.init.zeros_(f.linear2.bias)
         g = torch.Generator().manual_seed(500 + seed)
         x0 = torch.randn(32, d, generator=g, requires_grad=True)
         w = torch.randn(d, generator=g)                       # L = sum over rows of x_L . w
@@ -367,7 +377,7 @@ register("ch08.warmup", chapter="08", run=run_warmup,
          and m["pre_loss"] < 1 and m["pre_acc"] > 0.6 and m["post_low_lr_loss"] < 1.5 and m["post_low_lr_acc"] > 0.6,
          quoted=("post_loss", "post_warmup_loss", "pre_loss", "post_low_lr_loss", "post_pmax"))
 register("ch08.skip_control", chapter="08", run=skip_control,
-         claim="初始化时，12 个 FFN 子层（无 LayerNorm）叠起来：有残差连接时输出的梯度几乎全部传回输入、第一层与最后一层 W2 的梯度同量级；"
+         claim="初始化时（PyTorch 默认初始化），12 个 FFN 子层（无 LayerNorm）叠起来：有残差连接时输出的梯度几乎全部传回输入、第一层与最后一层 W2 的梯度同量级；"
                "去掉残差连接，传回输入的不到百万分之一，第一层 W2 的梯度不到最后一层的万分之一",
          rule="0.5 < skip_gx0 < 3 and skip_first_last > 0.5; noskip_gx0 < 1e-6 and noskip_first_last < 1e-4",
          holds=lambda m: 0.5 < m["skip_gx0"] < 3 and m["skip_first_last"] > 0.5
@@ -381,3 +391,15 @@ register("ch08.pre_ln_cause", chapter="08", run=run_pre_ln_cause, unit=_GROUPS,
               "w2_over_stream_dev < 0.25 (W2's profile within 25 % of the stream gradient's)",
          holds=lambda m: m["stream_last"] < 0.6 and m["hidden_dev"] < 0.1 and m["w2_over_stream_dev"] < 0.25,
          quoted=("stream_last", "w2_last", "hidden_dev"))
+
+
+def run_skip_control_he(seed: int) -> dict:
+    return skip_control(seed, init="he")
+
+
+register("ch08.skip_control_he", chapter="08", run=run_skip_control_he,
+         claim="换成保持方差的初始化（Kaiming），没有残差连接的 12 个 FFN 子层在初始化时梯度也不消失："
+               "传回输入的与输出端同量级，第一层 W2 的梯度是最后一层的十分之一以上；同样初始化、带残差连接时反而放大十倍以上",
+         rule="noskip_gx0 > 0.1 and noskip_first_last > 0.1; skip_gx0 > 10",
+         holds=lambda m: m["noskip_gx0"] > 0.1 and m["noskip_first_last"] > 0.1 and m["skip_gx0"] > 10,
+         quoted=("noskip_gx0", "noskip_first_last", "skip_gx0"), fmt=".2g")
