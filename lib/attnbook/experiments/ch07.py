@@ -26,8 +26,9 @@ from .registry import register
 
 __all__ = ["BITS", "XOR", "TwoBitModel", "train_xor", "xor_runs", "xor_metrics", "run_xor",
            "rank1_residual", "collapse_profile", "run_collapse", "ffn_width", "ModSum",
-           "mod_sum_data", "train_mod_sum", "run_activations", "RATIO_WIDTHS", "layer_params",
-           "run_ratios", "P_MOD", "D_MOD", "MOD_STEPS", "OTHER_LRS", "COLLAPSE_MODES"]
+           "mod_sum_data", "train_mod_sum", "run_activations", "other_lr_ratios",
+           "RATIO_WIDTHS", "layer_params", "run_ratios", "P_MOD", "D_MOD", "MOD_STEPS",
+           "OTHER_LRS", "COLLAPSE_MODES"]
 
 BITS = torch.tensor([[0, 0], [0, 1], [1, 0], [1, 1]])
 XOR = (BITS[:, 0] ^ BITS[:, 1]).to(torch.float64)
@@ -244,7 +245,14 @@ def run_activations(seed: int) -> dict:
         m[f"{tag}_ffn_params"] = _ffn_params(model)
     m["relu_over_swiglu"] = m["relu_loss"] / m["swiglu_loss"]
     m["relu_over_gelu"] = m["relu_loss"] / m["gelu_loss"]
-    for tag, lr in OTHER_LRS.items():      # the same comparison at two other learning rates
+    return {**m, **other_lr_ratios(seed)}
+
+
+def other_lr_ratios(seed: int) -> dict:
+    """``best_other_over_swiglu_<tag>``: min(ReLU loss, GELU loss) / SwiGLU loss after
+    ``MOD_STEPS`` steps at each learning rate of ``OTHER_LRS`` (> 1: SwiGLU lowest)."""
+    m = {}
+    for tag, lr in OTHER_LRS.items():
         loss = {act: train_mod_sum(act, seed, lr=lr)[1] for act in ("relu", "gelu", "swiglu")}
         m[f"best_other_over_swiglu_{tag}"] = min(loss["relu"], loss["gelu"]) / loss["swiglu"]
     return m
