@@ -214,32 +214,35 @@ class Transformer(nn.Module):
             x = self.encoder_norm(x)
         return (x, maps) if need_weights else x
 
-    def decode(self, tgt: torch.Tensor, memory: torch.Tensor, *, src_pad: torch.Tensor | None = None,
-               tgt_pad: torch.Tensor | None = None, cache: DecoderCache | None = None,
-               need_weights: bool = False):
+    def decode(self, tgt: torch.Tensor, memory: torch.Tensor, *,
+               src_pad: torch.Tensor | None = None, tgt_pad: torch.Tensor | None = None,
+               cache: DecoderCache | None = None, need_weights: bool = False):
         """The decoder and the output projection: logits ``(B, T, tgt_vocab)``.
 
         Args:
             tgt: target tokens ``(B, T)`` (teacher forcing: BOS y_1 .. y_{T-1}); with a
-                ``cache``, only the NEW tokens, which continue the ``cache.length`` earlier ones.
-            memory: ``encode``'s output ``(B, S, d_model)``, or ``(1, S, d_model)`` shared by
-                every row.
-            src_pad, tgt_pad: bool pad masks, True = real token (``tgt_pad`` not with a cache).
+                ``cache``, only the NEW tokens, which continue the ``cache.length``
+                earlier ones.
+            memory: ``encode``'s output ``(B, S, d_model)``, or ``(1, S, d_model)``
+                shared by every row.
+            src_pad, tgt_pad: bool pad masks, True = real token (``tgt_pad`` not with a
+                cache).
             cache: a ``DecoderCache`` (from :meth:`new_cache`), updated in place.
             need_weights: also return ``(self_maps, cross_maps)``, lists over layers.
         """
         _check_decode(self, tgt, memory, src_pad, tgt_pad, cache, need_weights)
-        if cache is None and memory.shape[0] != tgt.shape[0]:                  # one shared memory
+        if cache is None and memory.shape[0] != tgt.shape[0]:      # one shared memory
             memory = memory.expand(tgt.shape[0], -1, -1)
         start = 0 if cache is None else cache.length
         t = tgt.shape[1]
         x = self._embed(tgt, self.tgt_embed, getattr(self, "tgt_pos", None), start)
         self_mask, causal = self._self_mask(tgt_pad, t, start + t, True, x.dtype)
-        memory_mask = None if src_pad is None else src_pad[:, None, None, :]    # (B, 1, 1, S)
+        memory_mask = None if src_pad is None else src_pad[:, None, None, :]  # (B, 1, 1, S)
         self_maps, cross_maps = [], []
         for i, layer in enumerate(self.decoder):
-            res = layer(x, memory, self_mask=self_mask, memory_mask=memory_mask, causal=causal,
-                        cache=None if cache is None else cache.layers[i], need_weights=need_weights)
+            res = layer(x, memory, self_mask=self_mask, memory_mask=memory_mask,
+                        causal=causal, cache=None if cache is None else cache.layers[i],
+                        need_weights=need_weights)
             x = res.out
             self_maps.append(res.self_weights)
             cross_maps.append(res.cross_weights)
@@ -247,7 +250,7 @@ class Transformer(nn.Module):
             cache.length += t
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
-        logits = self.output(x)                                              # (B, T, tgt_vocab)
+        logits = self.output(x)                                      # (B, T, tgt_vocab)
         return (logits, self_maps, cross_maps) if need_weights else logits
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor, *, src_pad: torch.Tensor | None = None,
