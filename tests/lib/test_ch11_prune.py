@@ -114,3 +114,45 @@ def test_prune_metrics_on_an_untrained_model_and_the_claim_rejects_it():
     m["head_rhyme_slot"] = 1.0
     assert not exp.holds(m)                     # untrained: pruning costs next to nothing
     assert m["prune_max"] < 0.1
+
+
+def test_rhyme_queries_find_the_query_that_predicts_line_4s_last_character():
+    from attnbook.data import BOS_ID, EOS_ID
+    from attnbook.experiments import ch11
+    c, _, valid = ch11.corpus()
+    poem = "白日依山尽，黄河入海流。欲穷千里目，更上一层楼。"        # 五言: period 6
+    ids = c.encode([poem, c.valid[0][:10]])                       # a quatrain and a fragment
+    rows, q = ch11.rhyme_queries(ids)
+    assert rows.tolist() == [0] and q.tolist() == [22]
+    assert int(ids[0, 22 + 1]) == c.vocab.encode("楼")[0]         # line 4's last character
+    assert int(ids[0, 0]) == BOS_ID and int(ids[0, 25]) == EOS_ID
+    rows, q = ch11.rhyme_queries(valid[:20])
+    seven = [r for r, qq in zip(rows.tolist(), q.tolist()) if qq == 30]
+    assert seven and all(c.vocab.decode([int(valid[r, 32])]) in "。！？" for r in seven)
+
+
+def test_loss_at_the_rhyme_end_equals_the_per_position_cross_entropy():
+    from attnbook.experiments import ch11
+    torch.set_num_threads(1)
+    _, _, valid = ch11.corpus()
+    model = ch11.new_model(seed=1).eval()
+    ids = valid[:12]
+    rows, q = ch11.rhyme_queries(ids)
+    mask = head_mask(model, [(1, 2)])
+    with torch.no_grad():
+        logp = model(ids, head_mask=mask).logits.double().log_softmax(-1)
+    want = -float(torch.stack([logp[r, t, ids[r, t + 1]] for r, t in zip(rows, q)]).mean())
+    assert math.isclose(ch11._loss_at(model, ids, rows, q, mask), want, rel_tol=1e-6)
+    assert ch11._loss_at(model, ids, rows, q, mask) != ch11._loss_at(model, ids, rows, q)
+
+
+def test_the_claim_rejects_a_rhyme_head_that_matters_at_the_rhyme_position():
+    exp = experiments.get("ch11.prune")
+    ok = {"prune_max_block": 1, "prune_max": 0.2, "prune_block2_max": 0.005,
+          "prune_block2": 0.01, "prune_block1": 0.4, "head_rhyme_slot": 20.0,
+          "prune_rhyme_slot_head": 0.004, "prune_rhyme_slot_head_at_end": 0.02}
+    assert exp.holds(ok)
+    assert not exp.holds({**ok, "prune_rhyme_slot_head_at_end": 0.2})   # used where it looks
+    assert not exp.holds({**ok, "prune_block2_max": 0.05})               # block 2 mattered
+    assert not exp.holds({**ok, "prune_max_block": 2})
+    assert exp.holds({**ok, "head_rhyme_slot": 1.5, "prune_rhyme_slot_head_at_end": 0.2})
