@@ -219,9 +219,13 @@ def mean_loss(model: GPT, ids: torch.Tensor, *, head_mask: torch.Tensor | None =
     for chunk in ids.split(batch_size):
         logits = model(chunk, head_mask=head_mask).logits
         n = int((chunk[:, 1:] != pad_id).sum())
-        total += float(lm_loss(logits, chunk, pad_id=pad_id)) * n
-        count += n
+        if n:                                      # a chunk of PAD targets only: lm_loss is NaN
+            total += float(lm_loss(logits, chunk, pad_id=pad_id)) * n
+            count += n
     model.train(was)
+    if not count:
+        raise ValueError(f"mean_loss: `ids` must hold at least one non-PAD target (ids[:, 1:] "
+                         f"!= {pad_id}), got shape {tuple(ids.shape)} with none")
     return total / count
 
 

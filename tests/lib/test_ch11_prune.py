@@ -156,3 +156,14 @@ def test_the_claim_rejects_a_rhyme_head_that_matters_at_the_rhyme_position():
     assert not exp.holds({**ok, "prune_block2_max": 0.05})               # block 2 mattered
     assert not exp.holds({**ok, "prune_max_block": 2})
     assert exp.holds({**ok, "head_rhyme_slot": 1.5, "prune_rhyme_slot_head_at_end": 0.2})
+
+
+def test_mean_loss_skips_a_chunk_of_pad_targets_and_rejects_none():
+    m = _model()
+    ids = torch.randint(1, 17, (4, 10))
+    ids[2:, 1:] = 0                                   # the second chunk of 2: PAD targets only
+    want = mean_loss(m, ids[:2])
+    got = mean_loss(m, ids, batch_size=2)
+    assert math.isfinite(got) and math.isclose(got, want, rel_tol=1e-12)
+    with pytest.raises(ValueError, match=r"mean_loss: `ids` must hold at least one non-PAD"):
+        mean_loss(m, ids[2:])
