@@ -26,8 +26,8 @@ from ..train import evaluate, fit, label_smoothed_cross_entropy
 from ..transformer import Transformer
 from .registry import register
 
-__all__ = ["CONFIG", "KINDS", "error_kinds", "error_metrics", "format_key", "run_errors",
-           "run_training", "train_transformer", "train_gru", "test_set"]
+__all__ = ["CONFIG", "KINDS", "error_kinds", "error_metrics", "format_key", "keeping_weights",
+           "run_errors", "run_training", "train_transformer", "train_gru", "test_set"]
 
 CONFIG = dict(d_model=64, n_heads=4, n_layers=2, d_ff=128)
 BATCH = 64
@@ -55,6 +55,39 @@ def train_transformer(task, seed: int, steps: int = 300, *, warmup: int = 50,
     fit(model, task.batches(BATCH, seed=seed + 1), loss_fn=loss, steps=steps, lr=3e-3,
         warmup=warmup, seed=seed, progress=False)
     return model.eval()
+
+
+def keeping_weights(loss_fn, at, store: dict):
+    """``loss_fn`` for :func:`~attnbook.train.fit` that also keeps the weights after some steps.
+
+    ``fit`` calls the loss once per step, before that step's update, so at its call ``s + 1``
+    the model holds exactly the weights after ``s`` steps: ``store[s]`` then gets a copy of
+    the model's ``state_dict`` for every ``s`` in ``at`` (``s`` below ``fit``'s ``steps``).
+    Nothing else changes (no random numbers drawn, no gradients), so the training is the
+    same bit for bit. Chapter 10 keeps its run's weights after 150 steps: with the same seed,
+    batches and warm-up (``fit``'s schedule does not depend on the total step count) they
+    are those of :func:`train_transformer` with ``steps=150``, the ablation's recipe arm.
+    """
+    fn = "keeping_weights"
+    if not callable(loss_fn):
+        raise TypeError(f"{fn}: `loss_fn` must be callable as loss_fn(model, batch), "
+                        f"got {type(loss_fn).__name__}")
+    at = tuple(at)
+    if not at or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1
+                         for s in at):
+        raise ValueError(f"{fn}: `at` must be a non-empty collection of step counts >= 1, "
+                         f"got {at!r}")
+    if not isinstance(store, dict):
+        raise TypeError(f"{fn}: `store` must be a dict, got {type(store).__name__}")
+    calls = [0]
+
+    def loss_keeping_weights(model, batch):
+        if calls[0] in at:
+            store[calls[0]] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        calls[0] += 1
+        return loss_fn(model, batch)
+
+    return loss_keeping_weights
 
 
 def train_gru(task, seed: int, steps: int = 300) -> AttentionSeq2Seq:
