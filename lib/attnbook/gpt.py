@@ -177,16 +177,7 @@ def _check_lm_loss(logits, ids) -> None:
 @torch.no_grad()
 def perplexity(model: GPT, ids: torch.Tensor, *, pad_id: int = 0, batch_size: int = 256) -> float:
     """exp of the mean next-token loss over every non-PAD target of ``ids`` ``(N, T)``."""
-    was = model.training
-    model.eval()
-    total, count = 0.0, 0
-    for chunk in ids.split(batch_size):
-        logits = model(chunk).logits
-        n = int((chunk[:, 1:] != pad_id).sum())
-        total += float(lm_loss(logits, chunk, pad_id=pad_id)) * n
-        count += n
-    model.train(was)
-    return math.exp(total / count)
+    return math.exp(_mean_loss("perplexity", model, ids, None, pad_id, batch_size))
 
 
 def head_mask(model: GPT, prune=()) -> torch.Tensor:
@@ -213,18 +204,22 @@ def mean_loss(model: GPT, ids: torch.Tensor, *, head_mask: torch.Tensor | None =
               pad_id: int = 0, batch_size: int = 256) -> float:
     """The mean next-token loss (nats per non-PAD target) of ``model`` on ``ids`` ``(N, T)``;
     ``head_mask`` as in :meth:`GPT.forward`. :func:`perplexity` is its exp without a mask."""
+    return _mean_loss("mean_loss", model, ids, head_mask, pad_id, batch_size)
+
+
+def _mean_loss(fn, model, ids, head_mask, pad_id, batch_size):
     was = model.training
     model.eval()
     total, count = 0.0, 0
     for chunk in ids.split(batch_size):
-        logits = model(chunk, head_mask=head_mask).logits
         n = int((chunk[:, 1:] != pad_id).sum())
         if n:                                      # a chunk of PAD targets only: lm_loss is NaN
+            logits = model(chunk, head_mask=head_mask).logits
             total += float(lm_loss(logits, chunk, pad_id=pad_id)) * n
             count += n
     model.train(was)
     if not count:
-        raise ValueError(f"mean_loss: `ids` must hold at least one non-PAD target (ids[:, 1:] "
+        raise ValueError(f"{fn}: `ids` must hold at least one non-PAD target (ids[:, 1:] "
                          f"!= {pad_id}), got shape {tuple(ids.shape)} with none")
     return total / count
 

@@ -167,3 +167,13 @@ def test_mean_loss_skips_a_chunk_of_pad_targets_and_rejects_none():
     assert math.isfinite(got) and math.isclose(got, want, rel_tol=1e-12)
     with pytest.raises(ValueError, match=r"mean_loss: `ids` must hold at least one non-PAD"):
         mean_loss(m, ids[2:])
+
+
+def test_perplexity_skips_a_chunk_of_pad_targets_and_rejects_none():
+    m = _model()
+    ids = torch.randint(1, 17, (4, 10))
+    ids[2:, 1:] = 0                                   # the second chunk of 2: PAD targets only
+    got = perplexity(m, ids, batch_size=2)
+    assert math.isfinite(got) and math.isclose(got, perplexity(m, ids[:2]), rel_tol=1e-12)
+    with pytest.raises(ValueError, match=r"perplexity: `ids` must hold at least one non-PAD"):
+        perplexity(m, ids[2:])
