@@ -1,139 +1,30 @@
-"""Tolerance helpers shared by the tests and the chapters.
+"""Test fixtures shared by the library's tests and the chapters (production code never imports it).
 
-Truth is float64 on the CPU. A fast kernel in lower precision is judged by the rule that
-FlashAttention's own tests use: its error against a float64 reference may be at most
-``factor`` times the error of the naive (materialised) kernel run in the *same* dtype, plus one
-rounding step of that dtype at the reference's magnitude. The failure message prints both
-errors, so a regression says how far off it is, not just that it is.
-
-It also holds the few helpers that the library's tests, the chapters and the self-check share:
-the one float64 tolerance ``F64_TOL``, seeded random tensors and weights (``rand``, ``qkv``, ``make_mask``, ``randomize``),
-a masked log-sum-exp oracle (``lse_ref``, ``assert_lse``) and ``import_triton_flash``.
+Seeded random tensors and weights (``rand``, ``qkv``, ``make_mask``, ``randomize``), a masked
+log-sum-exp oracle (``lse_ref``, ``assert_lse``), ``import_triton_flash`` and the CPU backend
+names. The tolerance rule lives in :mod:`attnbook.tolerance`; its names (``F64_TOL``,
+``assert_close_to_reference``, ``fa_rounding_margin``, ``max_abs_error``, ``relative_error``,
+``rounding_step``) are re-exported here because the tests and chapters 01, 05 and 07-11 import
+them from ``attnbook.testing``.
 """
 from __future__ import annotations
 
-import math
 import os
 
 import torch
 
-from ._checks import check_choice, check_float, check_int, check_tensor
+from ._checks import check_choice, check_int
+from .tolerance import (  # re-exported: tests and chapters import them from here
+    F64_TOL, assert_close_to_reference, fa_rounding_margin, max_abs_error, relative_error,
+    rounding_step,
+)
 
 __all__ = [
     "assert_close_to_reference", "fa_rounding_margin", "max_abs_error", "rounding_step", "relative_error",
     "F64_TOL", "CPU_BACKENDS", "rand", "randomize", "qkv", "make_mask", "lse_ref", "assert_lse", "import_triton_flash",
 ]
 
-# The one float64 tolerance for exact identities (tests, chapters, selfcheck): a wrong rescale or
-# a missed tile is many orders of magnitude above it, float64 rounding of these sizes far below.
-F64_TOL = dict(rtol=1e-10, atol=1e-12)
 CPU_BACKENDS = ("ref", "tiled", "sdpa")  # the explicit backends every CPU machine runs
-
-
-def max_abs_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    """``max |a - b|`` computed in float64 (0.0 for empty tensors); NaN anywhere gives inf."""
-    _check_pair("max_abs_error", a, b)
-    if a.shape != b.shape:
-        raise ValueError(f"max_abs_error: shapes differ, {tuple(a.shape)} vs {tuple(b.shape)}")
-    if a.numel() == 0:
-        return 0.0
-    diff = (a.detach().double().cpu() - b.detach().double().cpu()).abs()
-    if torch.isnan(diff).any():
-        return float("inf")
-    return float(diff.max())
-
-
-def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    """``||a - b||_F / ||b||_F`` in float64 (b is the reference; ``||a - b||_F`` when ``b`` is all zeros)."""
-    _check_pair("relative_error", a, b)
-    if a.shape != b.shape:
-        raise ValueError(f"relative_error: shapes differ, {tuple(a.shape)} vs {tuple(b.shape)}")
-    a64, b64 = a.detach().double().cpu(), b.detach().double().cpu()
-    denom = float(b64.norm())
-    return float((a64 - b64).norm()) / (denom if denom > 0 else 1.0)
-
-
-def rounding_step(reference: torch.Tensor, dtype: torch.dtype) -> float:
-    """One unit of rounding of ``dtype`` at the reference's largest magnitude: ``eps * max(1, max|ref|)``."""
-    check_tensor("reference", reference, fn="rounding_step", min_ndim=0)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"rounding_step: `dtype` must be a floating torch.dtype, got {dtype!r}")
-    scale = float(reference.detach().abs().max()) if reference.numel() else 0.0
-    return torch.finfo(dtype).eps * max(scale, 1.0)
-
-
-def fa_rounding_margin(reference: torch.Tensor, dtype: torch.dtype) -> float:
-    """FlashAttention's tests' additive margin: ``2 max |(r + 0.3) - 0.3 - r|``, r = the reference in ``dtype``.
-
-    Twice the rounding of one addition at the outputs' magnitude (0.3 plus the entry): much less
-    than :func:`rounding_step`'s ``eps * max(1, max|ref|)``, which in float16 exceeds the naive
-    kernel's own error. The first-use check of ``backend="auto"`` judges with it.
-    """
-    check_tensor("reference", reference, fn="fa_rounding_margin", min_ndim=0)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"fa_rounding_margin: `dtype` must be a floating torch.dtype, got {dtype!r}")
-    r = reference.detach().to(dtype)
-    return 2.0 * float(((r + 0.3) - 0.3 - r).abs().max()) if r.numel() else 0.0
-
-
-def assert_close_to_reference(
-    actual: torch.Tensor,
-    naive: torch.Tensor,
-    reference: torch.Tensor,
-    *,
-    factor: float = 2.0,
-    name: str = "output",
-    step: float | None = None,
-) -> None:
-    """Assert the FlashAttention rule: ``err(actual) <= factor * err(naive) + one rounding step``.
-
-    ``err(x) = max |x - reference|``; the rounding step is :func:`rounding_step` of the reference
-    in ``actual``'s dtype unless ``step`` is given. NaN in ``actual`` fails the rule; a naive
-    result that is itself not finite (NaN or inf where the reference is not) leaves no baseline
-    and raises ValueError instead of accepting anything.
-
-    Args:
-        actual: the kernel's result (any floating dtype).
-        naive: the naive kernel's result in the same dtype as ``actual``.
-        reference: a float64 result (the truth), same shape.
-        factor: 2 for outputs, 3 for gradients (FlashAttention's tests); finite, >= 1.
-        name: what is compared, for the message.
-        step: the additive term (finite, >= 0), e.g. :func:`fa_rounding_margin`; default
-            :func:`rounding_step`.
-    Raises:
-        AssertionError when the rule is broken (the message prints both errors).
-    """
-    fn = "assert_close_to_reference"
-    for arg, t in (("actual", actual), ("naive", naive), ("reference", reference)):
-        check_tensor(arg, t, fn=fn, min_ndim=0)
-    if reference.dtype != torch.float64:
-        raise TypeError(f"{fn}: `reference` must be float64 (the truth), got {reference.dtype}")
-    factor = check_float("factor", factor, fn=fn, minimum=1.0)
-    if not (actual.shape == naive.shape == reference.shape):
-        raise ValueError(
-            f"assert_close_to_reference: shapes differ: actual {tuple(actual.shape)}, "
-            f"naive {tuple(naive.shape)}, reference {tuple(reference.shape)}"
-        )
-    err = max_abs_error(actual, reference)
-    base = max_abs_error(naive, reference)
-    if not math.isfinite(base):
-        raise ValueError(f"{fn}: the naive result for {name} is not finite where the reference is "
-                         f"(NaN or inf): it gives no baseline for the rule")
-    if step is None:
-        step = rounding_step(reference, actual.dtype)
-    elif isinstance(step, bool) or not isinstance(step, (int, float)) or not (math.isfinite(step) and step >= 0):
-        raise ValueError(f"{fn}: `step` must be a finite number >= 0 or None, got {step!r}")
-    bound = factor * base + step
-    if not err <= bound:
-        raise AssertionError(
-            f"{name}: max error {err:.3e} vs float64 reference exceeds {factor:g} x naive error "
-            f"{base:.3e} + rounding step {step:.3e} (= {bound:.3e}); dtype {actual.dtype}"
-        )
-
-
-def _check_pair(fn: str, a, b) -> None:
-    check_tensor("a", a, fn=fn, min_ndim=0, floating=False)
-    check_tensor("b", b, fn=fn, min_ndim=0, floating=False)
 
 
 # ------------------------------------------------------------------ shared test helpers

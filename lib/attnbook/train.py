@@ -135,7 +135,7 @@ def _batch_source(batches, fn: str) -> Callable[[], object]:
 def fit(model: torch.nn.Module, batches, *, loss_fn: Callable, steps: int | None = None,
         seconds: float | None = None, lr: float, seed: int, progress: bool = True,
         optimizer: str = "adam", clip: float | None = None, warmup: int = 0,
-        log_every: int = 10) -> History:
+        log_every: int = 10, on_step: Callable | None = None) -> History:
     """Train ``model`` on ``batches`` and return the loss of every step (chapters 01-03, 05-08, 10).
 
     Each step: ``loss = loss_fn(model, batch)``; ``loss.backward()``; clip the global gradient
@@ -155,6 +155,14 @@ def fit(model: torch.nn.Module, batches, *, loss_fn: Callable, steps: int | None
         progress: see the module docstring; optimizer: "adam", "adamw" or "sgd" (no momentum);
         clip: max global gradient norm or None; warmup: linear warm-up steps;
         log_every: steps between updates of the bar's loss (mean over those steps).
+        on_step: None, or a hook ``on_step(step, loss, model)`` called after every completed
+            optimizer step: ``step`` the number of steps done so far (1, 2, ...), ``loss`` that
+            step's loss as a float (the value ``History.losses[step - 1]``), ``model`` the model
+            being trained (in train mode, parameters already updated). Use it to keep
+            checkpoints (``copy.deepcopy(model.state_dict())``) or evaluate on the way
+            (``with eval_mode(model): ...`` restores the train mode). Its return value is
+            ignored; an exception it raises stops ``fit`` and propagates (the model's modes are
+            restored). It is not called for a step whose loss is not finite (no update ran).
     Returns: ``History`` (losses, steps, seconds, steps_per_second, stopped_by, grad_norms).
     A non-finite loss stops training (``stopped_by="nonfinite"``, the bad loss is the last entry).
     """
@@ -174,6 +182,9 @@ def fit(model: torch.nn.Module, batches, *, loss_fn: Callable, steps: int | None
     clip = None if clip is None else check_float("clip", clip, fn=fn, minimum=0, inclusive=False)
     warmup = check_int("warmup", warmup, fn=fn, minimum=0)
     log_every = check_int("log_every", log_every, fn=fn, minimum=1)
+    if on_step is not None and not callable(on_step):
+        raise TypeError(f"{fn}: `on_step` must be None or callable as on_step(step, loss, model), "
+                        f"got {type(on_step).__name__}")
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError(f"{fn}: `model` has no parameters that require grad")
@@ -223,6 +234,8 @@ def fit(model: torch.nn.Module, batches, *, loss_fn: Callable, steps: int | None
             if clip is not None:
                 hist.grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, clip)))
             opt.step()
+            if on_step is not None:
+                on_step(hist.steps, value, model)
             if bar is not None:
                 bar.update(1)
                 if hist.steps % log_every == 0:

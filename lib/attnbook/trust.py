@@ -21,7 +21,7 @@ check runs what such calls will run:
 Each result is judged by :func:`judge`: FlashAttention's rule against a float64 reference, error
 <= 2x (3x for gradients) the error of a naive kernel in the same dtype on the same device (the
 larger of ``attention_ref``'s and ``attention_tiled``'s), plus FlashAttention's rounding margin
-(:func:`attnbook.testing.fa_rounding_margin`). A kernel that
+(:func:`attnbook.tolerance.fa_rounding_margin`). A kernel that
 fails to compile, raises or disagrees is not trusted: ``auto`` uses ``"tiled"`` for that kind
 from then on, and one ``RuntimeWarning`` says why. On a GPU a check costs the compilation of
 each configuration for each shape (Triton compiles lengths of 1, multiples of 16 and the rest
@@ -46,7 +46,8 @@ import torch
 from ._checks import as_backend, check_bool, check_int
 from .flash import attention_tiled
 from .reference import attention_ref, padding_mask
-from .testing import F64_TOL, assert_close_to_reference, fa_rounding_margin, max_abs_error
+from . import tolerance
+from .tolerance import fa_rounding_margin, max_abs_error
 
 __all__ = ["BASELINES", "CHECK_SHAPES", "FIELDS", "Verdict", "check", "check_key", "clear_verdicts", "inputs",
            "judge", "key_lengths", "needs_grad", "run", "trusted", "verdicts"]
@@ -143,7 +144,8 @@ def run(fn, q, k, v, do, mask, causal, scale, dtype, device):
 def judge(dtype, actual, naives, truth) -> str | None:
     """None when every result obeys the rule, else the first reason (the one judge of check and report).
 
-    float64: ``max error <= atol + rtol * max|truth|`` with :data:`attnbook.testing.F64_TOL`. Lower
+    The rule is :func:`attnbook.tolerance.judge`'s. float64: elementwise
+    ``|a - truth| <= atol + rtol * |truth|`` with :data:`attnbook.tolerance.F64_TOL`. Lower
     precision: FlashAttention's rule, ``error <= factor * error(naive) + fa_rounding_margin``,
     factor 2 for ``out`` and 3 for gradients, where ``error(naive)`` is the larger error of the
     ``naives`` (the :data:`BASELINES` run in the same dtype: in float16 the materialised kernel's,
@@ -162,17 +164,14 @@ def judge(dtype, actual, naives, truth) -> str | None:
         if a is None or a.shape != r.shape or a.dtype != dtype:
             got = "no result" if a is None else f"shape {tuple(a.shape)}, dtype {a.dtype}"
             return f"the kernel returned the wrong {name}: {got}, expected {tuple(r.shape)}, {dtype}"
-        if dtype == torch.float64:
-            rtol, atol = F64_TOL["rtol"], F64_TOL["atol"]
-            bound = atol + rtol * (float(r.abs().max()) if r.numel() else 0.0)
-            err = max_abs_error(a, r)
-            if not err <= bound:
-                return f"{name}: max error {err:.3e} > {bound:.3e} (rtol {rtol:g}, atol {atol:g})"
-            continue
+        low = dtype != torch.float64
         try:
-            assert_close_to_reference(a, n, r, factor=FACTORS[name], name=name, step=fa_rounding_margin(r, dtype))
-        except (AssertionError, ValueError) as exc:  # ValueError: the naive baseline itself is not finite
+            verdict = tolerance.judge(a, r, naive=n if low else None, factor=FACTORS[name], name=name,
+                                      step=fa_rounding_margin(r, dtype) if low else None)
+        except ValueError as exc:  # the naive baseline itself is not finite: no bound to hold it to
             return str(exc)
+        if not verdict.ok:
+            return verdict.message
     return None
 
 

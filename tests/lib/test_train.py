@@ -375,3 +375,40 @@ def test_eval_mode_switches_and_restores_even_on_error():
     with pytest.raises(TypeError, match="`module`"):
         with eval_mode("model"):
             pass
+
+
+# ---------------------------------------------------------------------------------------------- on_step
+def test_fit_on_step_sees_every_step_its_loss_and_the_updated_model():
+    """The hook the experiments use to keep checkpoints without module-level caches."""
+    model, seen = linear(), []
+
+    def hook(step, loss, m):
+        assert m is model and m.training
+        seen.append((step, loss, m.weight.detach().clone()))
+
+    h = fit(model, [regression()], loss_fn=mse, steps=5, lr=0.1, seed=0, progress=False, on_step=hook)
+    assert [s for s, _, _ in seen] == [1, 2, 3, 4, 5]
+    assert [loss for _, loss, _ in seen] == h.losses
+    torch.testing.assert_close(seen[-1][2], model.weight.detach(), rtol=0, atol=0)  # after the update
+    assert not torch.equal(seen[0][2], seen[1][2])                                  # a fresh one each step
+
+
+def test_fit_on_step_not_called_for_a_nonfinite_step_and_its_exception_propagates():
+    calls = []
+    fit(linear(), [regression()], loss_fn=lambda m, b: mse(m, b) * float("nan"), steps=3, lr=0.1,
+        seed=0, progress=False, on_step=lambda *a: calls.append(a))
+    assert calls == []
+    model = linear().eval()
+
+    def stop(step, loss, m):
+        if step == 2:
+            raise RuntimeError("enough")
+
+    with pytest.raises(RuntimeError, match="enough"):
+        fit(model, [regression()], loss_fn=mse, steps=5, lr=0.1, seed=0, progress=False, on_step=stop)
+    assert not model.training                                                        # mode restored
+
+
+def test_fit_on_step_must_be_callable():
+    with pytest.raises(TypeError, match="fit: `on_step`"):
+        fit(linear(), [regression()], loss_fn=mse, steps=1, lr=0.1, seed=0, progress=False, on_step=3)
