@@ -104,6 +104,9 @@ def badge_markdown(nb_relpath: str | Path, *, config_path: str | Path = CONFIG) 
     return f"{BADGE_PREFIX}{BADGE_IMAGE})]({colab_url(colab_target(nb_relpath), config_path=config_path)})"
 
 
+SETUP_TAG = "remove-cell"   # hidden in the HTML book only
+
+
 def install_requirement(*, config_path: str | Path = CONFIG) -> str:
     """The pip requirement that installs the companion library from the repository."""
     repo = repository(config_path)
@@ -157,6 +160,11 @@ def expected_header(nb, nb_relpath: str, *, config_path: str | Path = CONFIG):
         cells[1].source = setup
     else:
         cells.insert(1, nbformat.v4.new_code_cell(setup))
+    # The HTML book does not show the install cell (it does nothing outside Colab, and the badge
+    # is right above it); the notebook and the Colab edition keep it, and nbval still runs it.
+    tags = cells[1].metadata.setdefault("tags", [])
+    if SETUP_TAG not in tags:
+        tags.append(SETUP_TAG)
     return nb
 
 

@@ -241,6 +241,8 @@ def test_sync_inserts_a_missing_badge_and_setup_cell(tmp_path):
     badge = colab.badge_markdown("chapters/01_demo.ipynb", config_path=tmp_path / "_config.yml")
     assert _source(new.cells[0]) == f"# 标题\n\n{badge}\n\n正文。"
     assert _source(new.cells[1]) == colab.setup_cell_source(config_path=tmp_path / "_config.yml")
+    assert new.cells[1].metadata["tags"] == [colab.SETUP_TAG]     # hidden in the HTML book
+    assert "tags" not in new.cells[2].metadata                       # no other cell is touched
     assert _source(new.cells[2]) == "x = 1"
 
 
@@ -312,6 +314,8 @@ def test_notebook_header_matches_config(path):
     assert colab.badge_markdown(rel) in first.split("\n"), f"{rel}: badge missing or stale; run python tools/colab.py"
     assert nb.cells[1].cell_type == "code", f"{rel}: cell 1 must be the setup cell"
     assert _source(nb.cells[1]) == colab.setup_cell_source(), f"{rel}: setup cell stale; run python tools/colab.py"
+    assert colab.SETUP_TAG in nb.cells[1].metadata.get("tags", []), \
+        f"{rel}: the setup cell must be hidden in the HTML book; run python3 make.py colab"
 
 
 @notebook_params
