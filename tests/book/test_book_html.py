@@ -150,6 +150,14 @@ def test_equations_are_numbered_per_chapter():
         assert numbers == [f"({number}.{k})" for k in range(1, len(numbers) + 1)], (page.name, numbers[:5])
 
 
+def test_one_search_entry_per_page():
+    # the header's search button only: the sidebar's search field (the theme's default) is removed
+    # in _config.yml, so a reader at 1280 px no longer sees two search boxes
+    for page in _content_pages():
+        buttons = _soup(page).select("button.search-button__button")
+        assert len(buttons) == 1, f"{page.relative_to(HTML)}: {len(buttons)} search entry points"
+
+
 def test_interface_strings_are_chinese():
     english = ("Show code cell", "Hide code cell", "Click to show", "Click to hide", "Search this book")
     for page in _content_pages():
