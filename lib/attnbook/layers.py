@@ -12,6 +12,8 @@ the book shows.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -49,6 +51,13 @@ def layer_norm(x: torch.Tensor, weight=None, bias=None,
     float16/bfloat16 ``x`` is normalised in float32 (its variance would overflow or
     round away otherwise) and the result cast back, as ``nn.LayerNorm`` does.
 
+    Where it differs from PyTorch: each row is first divided by a power of two s near
+    its largest magnitude (and eps by s^2). That is exact in binary floating point, so
+    the result is bit for bit the same in the ordinary range, but ``(x - mu)^2`` can
+    no longer overflow (bfloat16 rows near 1e20, where ``nn.LayerNorm`` returns NaN
+    and the unscaled formula zeros) or underflow (rows near 1e-30 with ``eps=0``): the
+    way ``torch.linalg.vector_norm`` scales before squaring.
+
     Args:
         x: floating tensor ``(..., d)``.
         weight, bias: ``(d,)`` gain gamma and shift beta, or None (no gain / no shift).
@@ -59,6 +68,8 @@ def layer_norm(x: torch.Tensor, weight=None, bias=None,
     _check_layer_norm(x, weight, bias, eps)
     # statistics in >= float32
     h = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    s = _power_of_two_scale(h, eps)  # exact: LN(x; eps) = LN(x / s; eps / s^2), so the
+    h, eps = h / s, eps / s / s      # squares below neither overflow nor underflow
     mean = h.mean(-1, keepdim=True)                      # mu = (1/d) sum_i x_i
     centered = h - mean
     var = centered.pow(2).mean(-1, keepdim=True)  # biased: (1/d) sum_i (x_i - mu)^2
@@ -132,6 +143,13 @@ def rms_norm(x: torch.Tensor, weight=None, eps: float | None = None) -> torch.Te
     including its default: ``eps=None`` means ``torch.finfo(x.dtype).eps``. A
     float16/bfloat16 ``x`` is normalised in float32 and the result cast back.
 
+    Where it differs from PyTorch: each row is first divided by a power of two s near
+    its largest magnitude (and eps by s^2). That is exact in binary floating point (bit
+    for bit the same result in the ordinary range), so ``x^2`` neither overflows
+    (bfloat16 rows near 1e20: ``nn.RMSNorm`` returns zeros) nor underflows (float32
+    rows near 1e-30 with ``eps=0``: ``nn.RMSNorm`` returns +-inf), the way
+    ``torch.linalg.vector_norm`` scales before squaring.
+
     Args:
         x: floating tensor ``(..., d)``.
         weight: ``(d,)`` gain gamma, or None (no gain).
@@ -142,6 +160,8 @@ def rms_norm(x: torch.Tensor, weight=None, eps: float | None = None) -> torch.Te
     _check_layer_norm(x, weight, None, 0.0 if eps is None else eps, fn="rms_norm")
     eps = torch.finfo(x.dtype).eps if eps is None else eps
     h = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    s = _power_of_two_scale(h, eps)  # exact: RMS(x; eps) = RMS(x / s; eps / s^2), so
+    h, eps = h / s, eps / s / s      # x^2 below neither overflows nor underflows
     ms = h.pow(2).mean(-1, keepdim=True)                 # (1/d) sum_i x_i^2, no mean removed
     y = h / torch.sqrt(ms + eps)                         # eps inside the square root
     if weight is not None:
@@ -333,7 +353,7 @@ def _kind(module: nn.Module, name: str, parent: nn.Module | None) -> str | None:
     torch_layers = (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
     if isinstance(parent, torch_layers) and name in _TORCH_FFN_CHILDREN:
         return "ffn"
-    norms = (nn.LayerNorm, LayerNorm) + ((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ())
+    norms = (nn.LayerNorm, LayerNorm, RMSNorm) + ((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ())
     if isinstance(module, norms):
         return "norm"
     return None
@@ -347,7 +367,8 @@ def count_parameters(module: nn.Module, *, by: str = "kind") -> dict[str, int]:
     an attention (``nn.MultiheadAttention`` or
     :class:`attnbook.multihead.MultiHeadAttention`), an FFN (:class:`FeedForward`, or
     the ``linear1``/``linear2`` children of PyTorch's Transformer layers), or a norm
-    (LayerNorm, RMSNorm); any other parameter is ``"other"`` (e.g. an output projection
+    (``nn.LayerNorm``, ``nn.RMSNorm``, this module's :class:`LayerNorm` and
+    :class:`RMSNorm`); any other parameter is ``"other"`` (e.g. an output projection
     to the vocabulary that is not tied to the embedding).
 
     ``by="child"``: one entry per named child that holds parameters not counted before
@@ -398,6 +419,18 @@ def count_parameters(module: nn.Module, *, by: str = "kind") -> dict[str, int]:
 
     walk(module, "", None)
     return {k: v for k, v in counts.items() if v}
+
+
+def _power_of_two_scale(h: torch.Tensor, eps: float) -> torch.Tensor:
+    """Per row of ``h``, a power of two s with max(max|h|, sqrt(eps)) / s in [1, 2); 1 for a row
+    of zeros with eps 0 or a row holding inf/NaN. Dividing by it is exact (no rounding), so the
+    normalisations that use it return the same bits as without it wherever that did not over- or
+    underflow. Detached: the normalisations are invariant to it, so no gradient flows through it.
+    """
+    m = h.detach().abs().amax(-1, keepdim=True).clamp_min(math.sqrt(eps))
+    m = torch.where(torch.isfinite(m) & (m > 0), m, torch.ones_like(m))
+    _, exponent = torch.frexp(m)                         # m = mantissa * 2^exponent, mantissa in [0.5, 1)
+    return torch.ldexp(torch.ones_like(m), exponent - 1)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -360,3 +360,55 @@ def test_count_parameters_tied_and_other():
 def test_validation(make, exc, match):
     with pytest.raises(exc, match=match):
         make()
+
+
+# ------------------------------------------------------------------ issue 30: overflow, underflow
+def _old_layer_norm(h, eps=1e-5):  # the formula without the power-of-two scaling
+    c = h - h.mean(-1, keepdim=True)
+    return c / torch.sqrt(c.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def test_layer_norm_and_rms_norm_survive_bf16_rows_near_1e20_where_torch_returns_zeros():
+    from attnbook.layers import layer_norm, rms_norm
+    g = torch.Generator().manual_seed(0)
+    x64 = torch.randn(4, 16, generator=g, dtype=torch.float64)
+    x = (x64 * 1e20).bfloat16()
+    want_ln = torch.nn.functional.layer_norm(x.double(), (16,))       # float64 truth of the bf16 input
+    want_rms = torch.nn.functional.rms_norm(x.double(), (16,), eps=1e-6)
+    bad = torch.nn.functional.layer_norm(x, (16,))                     # control: torch's NaN,
+    assert torch.isnan(bad).all() and not _old_layer_norm(x.float()).any()  # the old formula's 0
+    assert not torch.nn.functional.rms_norm(x, (16,), eps=1e-6).any()
+    torch.testing.assert_close(layer_norm(x).double(), want_ln, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(rms_norm(x, eps=1e-6).double(), want_rms, rtol=2e-2, atol=2e-2)
+
+
+def test_rms_norm_survives_float32_rows_near_1e_30_with_eps_zero():
+    from attnbook.layers import layer_norm, rms_norm
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 16, generator=g) * 1e-30
+    assert torch.isinf(torch.nn.functional.rms_norm(x, (16,), eps=0.0)).all()   # control: torch's inf
+    want = torch.nn.functional.rms_norm(x.double() * 1e30, (16,), eps=0.0)
+    torch.testing.assert_close(rms_norm(x, eps=0.0).double(), want, rtol=1e-5, atol=1e-6)
+    want = torch.nn.functional.layer_norm(x.double() * 1e30, (16,), eps=0.0)
+    torch.testing.assert_close(layer_norm(x, eps=0.0).double(), want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_scaling_changes_no_bit_in_the_ordinary_range_and_keeps_gradients(dtype):
+    from attnbook.layers import layer_norm, rms_norm
+    g = torch.Generator().manual_seed(2)
+    x = (torch.randn(3, 5, 16, generator=g, dtype=dtype) * 3).requires_grad_()
+    assert torch.equal(layer_norm(x), _old_layer_norm(x))
+    eps = torch.finfo(dtype).eps
+    assert torch.equal(rms_norm(x), x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+    if dtype == torch.float64:
+        assert torch.autograd.gradcheck(lambda t: layer_norm(t, eps=1e-3), (x[:1, :2, :6].detach().clone()
+                                                                        .requires_grad_(),))
+        assert torch.autograd.gradcheck(lambda t: rms_norm(t, eps=1e-3), (x[:1, :2, :6].detach().clone()
+                                                                      .requires_grad_(),))
+
+
+def test_count_parameters_counts_attnbooks_own_rmsnorm_as_norm():
+    from attnbook.layers import RMSNorm, count_parameters
+    counts = count_parameters(torch.nn.Sequential(RMSNorm(4), torch.nn.Linear(4, 4)))
+    assert counts == {"norm": 4, "other": 20}
