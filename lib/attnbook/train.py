@@ -143,7 +143,8 @@ def fit(model: torch.nn.Module, batches, *, loss_fn: Callable, steps: int | None
     rate ramps linearly from ``lr / warmup`` to ``lr`` over the first ``warmup`` steps.
 
     Args:
-        model: the module to train (put in train mode during ``fit``, its mode restored after).
+        model: the module to train (put in train mode during ``fit``; every submodule's own
+            mode is restored after, so a frozen eval child stays in eval).
         batches: a callable returning a batch (called once per step), an iterator (consumed until
             it ends), or a re-iterable such as a list (cycled); an empty one is a ValueError.
         loss_fn: ``loss_fn(model, batch) -> scalar tensor`` that depends on the parameters.
@@ -197,7 +198,7 @@ def fit(model: torch.nn.Module, batches, *, loss_fn: Callable, steps: int | None
     if mode == "bar":
         from tqdm.auto import tqdm
         bar = tqdm(total=steps, desc="fit", unit="step", mininterval=0.25, leave=True)
-    was_training = model.training
+    modes = _modes(model)  # every submodule's own mode, restored after
     model.train()
     t0 = time.perf_counter()
     try:
@@ -242,7 +243,7 @@ def fit(model: torch.nn.Module, batches, *, loss_fn: Callable, steps: int | None
                     bar.set_postfix(loss=f"{sum(hist.losses[-log_every:]) / log_every:.4g}", refresh=False)
     finally:
         hist.seconds = time.perf_counter() - t0
-        model.train(was_training)
+        _restore_modes(modes)
         if bar is not None:
             bar.close()
     if mode == "line":
@@ -277,7 +278,8 @@ def label_smoothed_cross_entropy(logits: torch.Tensor, target: torch.Tensor, *,
     a target with no real token, as both).
 
     Args: logits ``(..., V)``; target ``logits.shape[:-1]`` long; smoothing eps in
-    [0, 1]; pad_id. Returns a scalar tensor.
+    [0, 1]; pad_id. Returns a scalar tensor in the logits' dtype (the sum over tokens is
+    accumulated in float32 for float16/bfloat16 logits, as ``F.cross_entropy`` does).
     """
     eps = _check_smoothed(logits, target, smoothing, pad_id)
     logp = F.log_softmax(logits, dim=-1)                           # (..., V)
@@ -287,7 +289,13 @@ def label_smoothed_cross_entropy(logits: torch.Tensor, target: torch.Tensor, *,
     uniform = -logp.mean(-1)  # (1/V) sum_c -log p_c
     # eps = 0: no -inf logit counts
     loss = (1 - eps) * nll + (eps * uniform if eps else 0.0)
-    return loss[real].sum() / real.sum()  # 0/0 = NaN without real tokens
+    # summed in float32 at least (an fp16 sum over ~9,000 tokens overflows), cast back
+    return (loss[real].sum(dtype=_acc(loss.dtype)) / real.sum()).to(loss.dtype)  # 0/0 = NaN
+
+
+def _acc(dtype: torch.dtype) -> torch.dtype:
+    """The accumulation dtype of a sum: float32 for float16/bfloat16, else the dtype itself."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def vaswani_lr(step: int, *, d_model: int, warmup: int = 4000) -> float:
@@ -306,21 +314,31 @@ def vaswani_lr(step: int, *, d_model: int, warmup: int = 4000) -> float:
 
 @contextlib.contextmanager
 def eval_mode(module: torch.nn.Module) -> Iterator[torch.nn.Module]:
-    """``with eval_mode(model):`` evaluation mode inside (no dropout), the previous mode after.
+    """``with eval_mode(model):`` evaluation mode inside (no dropout), the previous modes after.
 
-    Switches only when the model is training (``train()``/``eval()`` walk every submodule), and
-    restores the mode even when the body raises.
+    Records the ``training`` flag of every submodule (the root included), puts them all in
+    evaluation mode, and restores each one's own flag on exit, even when the body raises: a
+    Dropout child left training under an eval root is switched off inside, and a frozen (eval)
+    child of a training model stays in eval after.
     """
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"eval_mode: `module` must be a torch.nn.Module, got {type(module).__name__}")
-    was_training = module.training
-    if was_training:
-        module.eval()
+    saved = _modes(module)
+    module.eval()
     try:
         yield module
     finally:
-        if was_training:
-            module.train()
+        _restore_modes(saved)
+
+
+def _modes(module: torch.nn.Module) -> list[tuple[torch.nn.Module, bool]]:
+    """Every submodule (the root included) with its ``training`` flag."""
+    return [(m, m.training) for m in module.modules()]
+
+
+def _restore_modes(saved) -> None:
+    for m, training in saved:
+        m.training = training
 
 
 @dataclass

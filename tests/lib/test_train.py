@@ -412,3 +412,42 @@ def test_fit_on_step_not_called_for_a_nonfinite_step_and_its_exception_propagate
 def test_fit_on_step_must_be_callable():
     with pytest.raises(TypeError, match="fit: `on_step`"):
         fit(linear(), [regression()], loss_fn=mse, steps=1, lr=0.1, seed=0, progress=False, on_step=3)
+
+
+# ------------------------------------------------------------------ issue 30
+def test_label_smoothing_fp16_over_9000_tokens_is_finite_and_right():
+    g = torch.Generator().manual_seed(0)
+    logits = 6 * torch.randn(1, 9000, 7, generator=g)  # per-token losses ~10: the sum > 65504
+    target = torch.randint(1, 7, (1, 9000), generator=g)
+    want = label_smoothed_cross_entropy(logits.double(), target, smoothing=0.1)
+    got = label_smoothed_cross_entropy(logits.half(), target, smoothing=0.1)
+    assert got.dtype == torch.float16 and torch.isfinite(got)
+    assert abs(float(got) - float(want)) < 1e-2 * float(want)
+    # control: the per-token losses summed in fp16 overflow (what the loss did before)
+    per_token = F.cross_entropy(logits.half().reshape(-1, 7), target.reshape(-1), reduction="none",
+                                label_smoothing=0.1)
+    assert torch.isinf(per_token.sum())
+
+
+def test_eval_mode_switches_and_restores_every_submodule():
+    drop, frozen = torch.nn.Dropout(0.5), torch.nn.Dropout(0.5)
+    m = torch.nn.Sequential(drop, frozen)
+    m.eval()
+    drop.train()                                   # a Dropout child left training under an eval root
+    with eval_mode(m):
+        assert not drop.training and not m.training
+        x = torch.ones(1000)
+        assert torch.equal(m(x), x)                # no dropout inside
+    assert drop.training and not m.training and not frozen.training
+    m.train()
+    frozen.eval()                                  # a frozen child of a training model
+    with eval_mode(m):
+        assert not any(sub.training for sub in m.modules())
+    assert m.training and drop.training and not frozen.training
+
+
+def test_fit_restores_every_submodule_mode():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 1), torch.nn.Dropout(0.0))
+    model[1].eval()
+    fit(model, [regression()], loss_fn=mse, steps=1, lr=0.1, seed=0, progress=False)
+    assert model.training and model[0].training and not model[1].training
