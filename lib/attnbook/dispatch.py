@@ -33,7 +33,8 @@ from ._policy import at_least_2d
 from .flash import attention_tiled
 from .reference import attention_ref, causal_mask
 
-__all__ = ["BACKENDS", "Backend", "attention", "available_backends", "choose_backend", "register_backend"]
+__all__ = ["BACKENDS", "Backend", "attention", "auto_backend", "available_backends", "choose_backend",
+           "register_backend"]
 
 
 class Backend(NamedTuple):
@@ -52,7 +53,23 @@ def _always(q, k, v, mask):
 
 
 # The kernels' unchecked bodies: attention() has validated the arguments already.
-_ref = as_backend(attention_ref)
+_ref_body = as_backend(attention_ref)
+
+
+def _ref(q, k, v, mask, causal, scale):
+    """``attention_ref`` with float16/bfloat16 inputs computed in float32 and the result cast back.
+
+    Its scores are materialised in the input dtype: float16 logits past 65504 (~1e5) became inf
+    and the softmax NaN, where ``tiled`` and ``sdpa`` (which compute in float32) are right.
+    """
+    low = q.dtype in (torch.float16, torch.bfloat16)
+    if not low:
+        return _ref_body(q, k, v, mask, causal, scale)
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.float()
+    return _ref_body(q.float(), k.float(), v.float(), mask, causal, scale).to(q.dtype)
+
+
 _tiled = as_backend(attention_tiled)
 
 
@@ -124,10 +141,10 @@ register_backend("triton", _triton, _triton_supports)
 register_backend("sdpa", _sdpa)
 
 
-AUTO_TRITON_DTYPES = (torch.float16, torch.bfloat16)  # float32: see _choose
+AUTO_TRITON_DTYPES = (torch.float16, torch.bfloat16)  # float32: see auto_backend
 
 
-def _choose(q, k, v, mask, causal=None) -> str:
+def auto_backend(q, k, v, mask, causal=None) -> str:
     """``"triton"`` for 16-bit CUDA inputs it supports, once past its first-use check.
 
     Otherwise ``"tiled"``. float32 stays on ``"tiled"`` under ``auto``: the fp32 Triton
@@ -137,12 +154,42 @@ def _choose(q, k, v, mask, causal=None) -> str:
     The check (:func:`attnbook.trust.trusted`) runs once per process and kind of call
     (device, dtype, head dims, causal, masked, backward) on what such calls run
     (:func:`_under_check`); a kind that fails warns once and gets ``"tiled"`` from then
-    on. ``causal=None`` (not known here) needs both kinds to pass.
+    on. ``causal=None`` (not known here) needs both kinds to pass. The arguments are
+    taken as validated (:func:`choose_backend` is the checking form); the book shows this
+    function (chapter 09), also under its old name ``_choose``.
     """
     if not (q.is_cuda and q.dtype in AUTO_TRITON_DTYPES
-            and BACKENDS["triton"].supports(q, k, v, mask)[0]):
+            and _supports("triton", q, k, v, mask)[0]):
         return "tiled"
     return "triton" if trust.trusted(q, k, v, mask, causal, _under_check) else "tiled"
+
+
+_choose = auto_backend  # the name chapter 09 showed before issue 30
+
+
+def _supports(name, q, k, v, mask) -> tuple[bool, str]:
+    """``BACKENDS[name].supports(q, k, v, mask)``, held to its contract: a ``(bool, str)`` pair."""
+    got = BACKENDS[name].supports(q, k, v, mask)
+    if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], bool)
+            and isinstance(got[1], str)):
+        raise TypeError(f"attention: backend {name!r}'s supports() must return a pair (ok: bool, "
+                        f"why: str), got {got!r:.80}")
+    return got
+
+
+def _check_result(name, out, q, k, v, mask) -> torch.Tensor:
+    """A backend's ``out``, checked: a tensor of the input's dtype and device, shape (..., Tq, Dv)."""
+    lead = [q.shape[:-2], k.shape[:-2], v.shape[:-2]]
+    if mask is not None and mask.dim() > 2:
+        lead.append(mask.shape[:-2])
+    want = (*torch.broadcast_shapes(*lead), q.shape[-2], v.shape[-1])
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"attention: backend {name!r} returned {type(out).__name__}, expected a tensor "
+                        f"of shape {want}")
+    if tuple(out.shape) != want or out.dtype != q.dtype or out.device != q.device:
+        raise RuntimeError(f"attention: backend {name!r} returned shape {tuple(out.shape)}, "
+                           f"{out.dtype} on {out.device}; expected {want}, {q.dtype} on {q.device}")
+    return out
 
 
 def _under_check(dtype) -> dict:
@@ -173,7 +220,7 @@ def choose_backend(q, k, v, mask=None, *, causal=None) -> str:
     check_attention_args(q, k, v, mask, fn="choose_backend")
     if causal is not None:
         causal = check_bool("causal", causal, fn="choose_backend")
-    return _choose(q, k, v, mask, causal)
+    return auto_backend(q, k, v, mask, causal)
 
 
 def available_backends(q, k, v, mask=None) -> list[str]:
@@ -182,7 +229,7 @@ def available_backends(q, k, v, mask=None) -> list[str]:
     Raises TypeError / ValueError for arguments no backend accepts (as :func:`attention` does).
     """
     check_attention_args(q, k, v, mask, fn="available_backends")
-    return [name for name, b in BACKENDS.items() if b.supports(q, k, v, mask)[0]]
+    return [name for name in BACKENDS if _supports(name, q, k, v, mask)[0]]
 
 
 def attention(q, k, v, *, mask=None, causal=False, scale=None, backend: str = "auto"):
@@ -193,7 +240,9 @@ def attention(q, k, v, *, mask=None, causal=False, scale=None, backend: str = "a
     Args:
         q: ``(..., Tq, D)``; k: ``(..., Tk, D)``; v: ``(..., Tk, Dv)``.
         mask: bool (True = may attend) or additive float, broadcastable to ``(..., Tq, Tk)``;
-            a float mask may require grad (a learned bias: "ref", "tiled", "sdpa" return its gradient).
+            a float mask may require grad (a learned bias: "ref", "tiled", "sdpa" return its
+            gradient). An additive mask holding ``+inf`` is a ValueError in every backend (it
+            has no softmax: the backends used to disagree, NaN or one key's value).
         causal: forbid key j > query i (top-left aligned when ``Tq != Tk``).
         scale: softmax scale, default ``1/sqrt(D)``.
         backend: ``"auto"`` or a name in :data:`BACKENDS` (``"ref"``, ``"tiled"``, ``"triton"``,
@@ -202,15 +251,23 @@ def attention(q, k, v, *, mask=None, causal=False, scale=None, backend: str = "a
         ``out`` of shape ``(..., Tq, Dv)`` in the input dtype, differentiable in every backend.
     Raises:
         TypeError / ValueError for bad arguments (naming the argument and what was seen);
-        RuntimeError for an explicit backend that cannot serve these arguments, saying why.
+        RuntimeError for an explicit backend that cannot serve these arguments, saying why, and
+        for a backend that returns something other than a tensor of shape ``(..., Tq, Dv)`` in
+        the inputs' dtype and device (every backend's result is checked); TypeError for a
+        registered ``supports`` that returns anything but an ``(ok, why)`` pair.
+
+    float16/bfloat16: every backend computes in float32 and returns the input dtype ("ref"
+    included: its materialised float16 scores overflowed past 65504).
     """
     check_choice("backend", backend, ("auto", *BACKENDS), fn="attention")
     scale = check_attention_args(q, k, v, mask, scale, fn="attention")
     causal = check_bool("causal", causal, fn="attention")
+    if mask is not None and mask.dtype != torch.bool and bool(torch.isposinf(mask.detach()).any()):
+        raise ValueError("attention: an additive float `mask` must not hold +inf (no softmax is "
+                         "defined for it; use a bool mask or -inf to hide keys, finite values to bias)")
     if backend == "auto":
-        backend = _choose(q, k, v, mask, causal)
-    entry = BACKENDS[backend]
-    ok, why = entry.supports(q, k, v, mask)
+        backend = auto_backend(q, k, v, mask, causal)
+    ok, why = _supports(backend, q, k, v, mask)
     if not ok:
         raise RuntimeError(f"attention: backend {backend!r} cannot serve these arguments: {why}")
-    return entry.fn(q, k, v, mask, causal, scale)
+    return _check_result(backend, BACKENDS[backend].fn(q, k, v, mask, causal, scale), q, k, v, mask)

@@ -392,3 +392,61 @@ def test_causally_hidden_nan_values_do_not_leak_backwards(backend):
     assert out[..., 3:, 1].isnan().all() and torch.isfinite(out[..., 3, 2])
     assert (out[..., 4:, 2] == float("inf")).all()
     torch.testing.assert_close(out[..., 0], clean[..., 0], **F64)  # column 0 is clean everywhere
+
+
+# ------------------------------------------------------------------ issue 30
+def test_ref_backend_in_float16_survives_logits_near_1e5():
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 1, 4, 8, generator=g, dtype=torch.float64) + 200  # logits ~ 1e5: every
+    k = torch.randn(1, 1, 6, 8, generator=g, dtype=torch.float64) + 200  # row overflows to +inf
+    v = torch.randn(1, 1, 6, 8, generator=g, dtype=torch.float64)
+    q16, k16, v16 = q.half(), k.half(), v.half()
+    logits = (q16.double() @ k16.double().transpose(-2, -1)) * 8 ** -0.5
+    assert float(logits.abs().max()) > 65504                    # past float16's largest value
+    assert torch.isnan(attention_ref(q16, k16, v16).out).any()   # control: the kernel in float16
+    truth = attention_ref(q16.double(), k16.double(), v16.double()).out
+    for backend in CPU_BACKENDS:
+        out = attention(q16, k16, v16, backend=backend)
+        assert out.dtype == torch.float16 and not torch.isnan(out).any(), backend
+        torch.testing.assert_close(out.double(), truth, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("backend", ["auto", *CPU_BACKENDS])
+def test_additive_mask_with_plus_inf_is_rejected_in_every_backend(backend):
+    q, k, v = rand(1, 1, 3, 4), rand(1, 1, 3, 4, seed=1), rand(1, 1, 3, 4, seed=2)
+    mask = torch.zeros(3, 3, dtype=torch.float64)
+    mask[0, 1] = float("inf")
+    with pytest.raises(ValueError, match=r"attention: .*`mask`.*\+inf"):
+        attention(q, k, v, mask=mask, backend=backend)
+    mask[0, 1] = float("-inf")                                    # control: -inf hides a key, fine
+    attention(q, k, v, mask=mask, backend=backend)
+
+
+@pytest.mark.parametrize("bad, exc, match", [
+    (lambda q, k, v, m, c, s: attention_ref(q, k, v).out[..., :-1], RuntimeError, "returned shape"),
+    (lambda q, k, v, m, c, s: attention_ref(q, k, v).out.float(), RuntimeError, "torch.float32"),
+    (lambda q, k, v, m, c, s: attention_ref(q, k, v), TypeError, "returned AttentionResult"),
+])
+def test_a_registered_backend_that_returns_the_wrong_thing_is_caught(monkeypatch, bad, exc, match):
+    monkeypatch.setitem(dispatch.BACKENDS, "bad", dispatch.Backend(bad, dispatch._always))
+    q = rand(2, 3, 5, 4)
+    with pytest.raises(exc, match=match):
+        attention(q, q, q, backend="bad")
+    good = lambda q, k, v, m, c, s: attention_ref(q, k, v).out  # noqa: E731 (control)
+    monkeypatch.setitem(dispatch.BACKENDS, "bad", dispatch.Backend(good, dispatch._always))
+    torch.testing.assert_close(attention(q, q, q, backend="bad"), attention_ref(q, q, q).out, **F64)
+
+
+def test_a_registered_supports_that_returns_a_bare_bool_is_a_clear_error(monkeypatch):
+    fn = lambda q, k, v, m, c, s: attention_ref(q, k, v).out  # noqa: E731
+    monkeypatch.setitem(dispatch.BACKENDS, "bare", dispatch.Backend(fn, lambda *a: True))
+    q = rand(1, 1, 3, 4)
+    with pytest.raises(TypeError, match=r"backend 'bare'.s supports\(\) must return a pair"):
+        attention(q, q, q, backend="bare")
+    with pytest.raises(TypeError, match="supports"):
+        attnbook.dispatch.available_backends(q, q, q)
+
+
+def test_public_names_of_what_the_book_shows_keep_their_old_aliases():
+    assert dispatch.auto_backend is dispatch._choose and "auto_backend" in dispatch.__all__
+    assert dispatch.auto_backend.__doc__
