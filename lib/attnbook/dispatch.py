@@ -155,8 +155,8 @@ def auto_backend(q, k, v, mask, causal=None) -> str:
     (device, dtype, head dims, causal, masked, backward) on what such calls run
     (:func:`_under_check`); a kind that fails warns once and gets ``"tiled"`` from then
     on. ``causal=None`` (not known here) needs both kinds to pass. The arguments are
-    taken as validated (:func:`choose_backend` is the checking form); the book shows this
-    function (chapter 09), also under its old name ``_choose``.
+    taken as validated (:func:`choose_backend` checks them); chapter 09 shows this
+    function (its old name ``_choose`` is kept as an alias).
     """
     if not (q.is_cuda and q.dtype in AUTO_TRITON_DTYPES
             and _supports("triton", q, k, v, mask)[0]):
