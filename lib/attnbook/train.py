@@ -290,7 +290,8 @@ def label_smoothed_cross_entropy(logits: torch.Tensor, target: torch.Tensor, *,
     # eps = 0: no -inf logit counts
     loss = (1 - eps) * nll + (eps * uniform if eps else 0.0)
     # summed in float32 at least (an fp16 sum over ~9,000 tokens overflows), cast back
-    return (loss[real].sum(dtype=_acc(loss.dtype)) / real.sum()).to(loss.dtype)  # 0/0 = NaN
+    total = loss[real].sum(dtype=_acc(loss.dtype))
+    return (total / real.sum()).to(loss.dtype)  # 0/0 = NaN without real tokens
 
 
 def _acc(dtype: torch.dtype) -> torch.dtype:
