@@ -1,0 +1,69 @@
+"""Tests for attnbook.ring: ring attention, simulated in-process and over torch.distributed (chapter 12)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnbook.reference import attention_ref
+from attnbook.ring import merge_partials, ring_attention, ring_attention_simulated, split_lengths
+from attnbook.testing import rand
+
+
+def _qkv(t=11, seed=0):
+    return rand(2, 3, t, 4, seed=seed), rand(2, 3, t, 4, seed=seed + 1), rand(2, 3, t, 5, seed=seed + 2)
+
+
+def test_split_lengths_cover_t_and_differ_by_at_most_one():
+    assert split_lengths(11, 4) == [3, 3, 3, 2] and split_lengths(6, 3) == [2, 2, 2]
+    assert sum(split_lengths(13, 5)) == 13
+
+
+def test_merge_partials_equals_attention_over_the_union_and_keeps_masked_rows_zero():
+    q, k, v = _qkv()
+    a, b = attention_ref(q, k[:, :, :4], v[:, :, :4]), attention_ref(q, k[:, :, 4:], v[:, :, 4:])
+    out, lse = merge_partials(a.out, a.lse, b.out, b.lse)
+    full = attention_ref(q, k, v)
+    torch.testing.assert_close(out, full.out, rtol=0, atol=1e-14)
+    torch.testing.assert_close(lse, full.lse, rtol=0, atol=1e-14)
+    assert (a.out - full.out).abs().max() > 1e-3                    # control: one part alone is wrong
+    z, ninf = torch.zeros(1, 2, 3), torch.full((1, 2), float("-inf"))
+    out, lse = merge_partials(z, ninf, z, ninf)
+    assert torch.equal(out, z) and torch.isneginf(lse).all()
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("causal", [False, True])
+def test_simulated_ring_equals_attention_ref_in_float64(world_size, causal):
+    q, k, v = _qkv(t=11)                                          # 11 is not divisible by 2, 3, 4
+    ref = attention_ref(q, k, v, causal=causal).out
+    out = ring_attention_simulated(q, k, v, world_size=world_size, causal=causal)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-13)
+    if causal and world_size > 1:                                 # control: the mask matters
+        assert (ring_attention_simulated(q, k, v, world_size=world_size) - ref).abs().max() > 1e-3
+
+
+def test_argument_errors_name_the_function_and_argument():
+    q, k, v = _qkv(t=3)
+    with pytest.raises(ValueError, match=r"ring_attention_simulated: `world_size` must be <= T = 3"):
+        ring_attention_simulated(q, k, v, world_size=4)
+    with pytest.raises(ValueError, match=r"ring_attention: `world_size` must be an int >= 1"):
+        ring_attention(q, k, v, world_size=0)
+    with pytest.raises(TypeError, match=r"ring_attention: `causal` must be a bool"):
+        ring_attention(q, k, v, causal=1)
+    with pytest.raises(ValueError, match=r"ring_attention: `q` must be \(B, H, T, D\)"):
+        ring_attention(q[None], k, v)
+    with pytest.raises(ValueError, match=r"ring_attention: q and k must cover the same positions"):
+        ring_attention(q, k[:, :, :2], v[:, :, :2])
+    with pytest.raises(ValueError, match=r"ring_attention: `q` must have at least 4 dims"):
+        ring_attention(q[0], k[0], v[0])
+    with pytest.raises(RuntimeError, match="ring_attention_local: needs an initialised"):
+        from attnbook.ring import ring_attention_local
+        ring_attention_local(q, k, v)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size,causal", [(2, False), (3, True), (4, True), (4, False)])
+def test_ring_over_torch_distributed_equals_attention_ref_in_float64(world_size, causal):
+    q, k, v = _qkv(t=10, seed=world_size)                         # 10 is not divisible by 3 or 4
+    out = ring_attention(q, k, v, world_size=world_size, causal=causal)
+    torch.testing.assert_close(out, attention_ref(q, k, v, causal=causal).out, rtol=0, atol=1e-13)
