@@ -131,13 +131,19 @@ def key_lengths(b, tk) -> list[int]:
 
 
 def run(fn, q, k, v, do, mask, causal, scale, dtype, device):
-    """``fn`` on copies of q, k, v in ``dtype`` on ``device``: (out, dq, dk, dv) on the CPU (grads None without dO)."""
-    q, k, v = (t.detach().to(device=device, dtype=dtype).requires_grad_(do is not None) for t in (q, k, v))
-    mask = None if mask is None else mask.to(device)
+    """``fn`` on copies of q, k, v in ``dtype`` on ``device``: (out, dq, dk, dv) on the CPU (grads None without dO).
+
+    Every input is a fresh clone (``.to`` alone is no copy when dtype and device already
+    match), so a kernel that changes its inputs in place changes neither the caller's tensors
+    nor what the next kernel under check is given.
+    """
+    q, k, v = (t.detach().to(device=device, dtype=dtype).clone().requires_grad_(do is not None)
+               for t in (q, k, v))
+    mask = None if mask is None else mask.to(device).clone()
     out = fn(q, k, v, mask, causal, scale)
     grads = (None, None, None)
     if do is not None:
-        grads = torch.autograd.grad(out, (q, k, v), do.to(device=device, dtype=dtype))
+        grads = torch.autograd.grad(out, (q, k, v), do.to(device=device, dtype=dtype).clone())
     return tuple(None if t is None else t.detach().cpu() for t in (out, *grads))
 
 
@@ -235,9 +241,15 @@ def check(kernels, device, dtype, d=64, dv=None, *, causal=False, masked=False, 
     kernels, dtype, d, dv, shapes = _check_args(kernels, dtype, d, dv, shapes)
     causal, masked, backward = (check_bool(n, x, fn="check") for n, x in
                                 (("causal", causal), ("masked", masked), ("backward", backward)))
+    if isinstance(device, str):
+        try:
+            device = torch.device(device)
+        except RuntimeError as exc:
+            raise ValueError(f"check: `device` must name a torch device, got {device!r}") from exc
+    elif not isinstance(device, torch.device):
+        raise TypeError(f"check: `device` must be a torch.device or str, got {type(device).__name__}")
     start, skipped, reason = time.perf_counter(), [], None
     try:
-        device = torch.device(device)
         no_autocast = (torch.autocast(device.type, enabled=False) if device.type in ("cpu", "cuda")
                        else contextlib.nullcontext())
         with torch.inference_mode(False), torch.enable_grad(), no_autocast, _true_fp32():

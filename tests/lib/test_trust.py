@@ -445,8 +445,37 @@ def test_gpu_the_real_kernel_passes_the_check_auto_runs(dtype):
     (dict(dv="8"), TypeError, "check: `dv` must be an int >= 1"),
     (dict(causal=1), TypeError, "check: `causal` must be a bool"),
     (dict(shapes={"x": (1, 1, 0, 4)}), TypeError, "check: `shapes` must be a non-empty dict"),
+    (dict(device="nope"), ValueError, "check: `device` must name a torch device, got 'nope'"),
+    (dict(device=3.5), TypeError, "check: `device` must be a torch.device or str"),
 ])
 def test_check_arguments_get_clear_errors(kwargs, exc, message):
     args = dict(kernels=exact, device="cpu", dtype=torch.float32, d=8)
     with pytest.raises(exc, match=re.escape(message)):
         trust.check(**{**args, **kwargs})
+
+
+def _scales_q_in_place(q, k, v, mask, causal, scale):
+    with torch.no_grad():
+        q.mul_(2.0)                              # the bug: the caller's q is changed
+    return attention_tiled(q / 2.0, k, v, mask=mask, causal=causal, scale=scale).out
+
+
+def test_run_gives_each_kernel_its_own_clones_and_leaves_the_callers_tensors_alone():
+    q, k, v, do, mask = trust.inputs((1, 1, 5, 7), 4, 4, masked=False)
+    q32 = q.float()
+    before = q32.clone()
+    trust.run(_scales_q_in_place, q32, k.float(), v.float(), None, mask, False, 0.5, torch.float32, "cpu")
+    assert torch.equal(q32, before)              # float32 in, float32 run: .to() alone was no copy
+    with torch.no_grad():                         # control: the kernel does mutate what it is given
+        direct = q32.clone()
+        _scales_q_in_place(direct, k.float(), v.float(), None, False, 0.5)
+    assert torch.equal(direct, 2 * before)
+
+
+def test_check_does_not_blame_an_honest_kernel_after_a_mutating_one():
+    """check's inputs are float64: the float64 run once handed the kernel the truth's own tensors."""
+    shapes = {"small": (1, 1, 9, 7)}
+    kernels = {"mutating": _scales_q_in_place, "honest": exact}
+    verdict = trust.check(kernels, "cpu", torch.float64, 8, shapes=shapes)
+    assert verdict.ok, verdict.reason            # the mutating kernel returns the right output
+    assert trust.check({"honest": exact}, "cpu", torch.float64, 8, shapes=shapes).ok
