@@ -22,7 +22,7 @@ import torch
 from ._checks import check_bool, check_choice, check_int
 from .bench import machine_info
 from . import dispatch
-from .testing import max_abs_error
+from .tolerance import max_abs_error
 from .trust import BASELINES, check_key, inputs, judge, key_lengths, reference, run, verdicts
 
 __all__ = ["DTYPES", "KEY_LENGTHS", "REPORT_SHAPE", "main", "selfcheck"]
@@ -135,7 +135,7 @@ def selfcheck(*, devices=None, dtypes=None, backends=None, d=64, file=None, verb
     ``attnbook.attention``: inputs ``REPORT_SHAPE`` with head dim ``d``, causal, a key-padding
     mask (lengths ``KEY_LENGTHS``), forward and backward. Each result is compared with
     ``attention_ref`` in float64 on the CPU by :func:`attnbook.trust.judge`: float64 rows to
-    ``attnbook.testing.F64_TOL``; lower precision by FlashAttention's rule (error <= 2x, 3x for
+    ``attnbook.tolerance.F64_TOL``; lower precision by FlashAttention's rule (error <= 2x, 3x for
     gradients, the larger of ``attention_ref``'s and ``attention_tiled``'s in the same dtype, +
     FlashAttention's rounding margin). A
     backend whose ``supports`` says no is listed as skipped, with the reason (on a CPU the Triton
@@ -188,7 +188,7 @@ def _report(rows, autos, d):
     for r in rows:
         lines.append(f"| {r['device']} | {r['backend']} | {r['dtype']} | {_fmt(r['err_out'])} | "
                      f"{_fmt(r['err_grad'])} | {r['result']} | {r['why']} |")
-    lines += ["", "Rule: float64 within attnbook.testing.F64_TOL; lower precision: error <= 2x (grads 3x) the "
+    lines += ["", "Rule: float64 within attnbook.tolerance.F64_TOL; lower precision: error <= 2x (grads 3x) the "
               "larger error of attention_ref and attention_tiled in the same dtype + 2 max|(ref + 0.3) - 0.3 - ref| "
               "(FlashAttention's test rule).", "", "backend='auto' picks:"]
     lines += [f"- {a['device']} {a['dtype']}: {a['auto']} ({a['why']})" for a in autos]

@@ -1,9 +1,25 @@
-"""The import graph of lib/attnbook has no circle (imports inside functions included)."""
+"""The import contract of lib/attnbook (imports inside functions included).
+
+- no import circle, in the core and in the subpackages;
+- the core (every module outside ``exercises`` and ``experiments``) never imports
+  ``attnbook.testing`` (test fixtures), ``exercises`` or ``experiments``; nothing in the package
+  imports ``attnbook.testing`` (production code takes its numerics from ``attnbook.tolerance``);
+- the trust gate imports neither the dispatcher nor the kernels.
+
+None of it can pass vacuously: the package path is the installed ``attnbook``'s, checked to exist,
+the graph must hold the modules named in ``EXPECTED``, and each rule is shown to catch a planted
+edge.
+"""
 import ast
 from pathlib import Path
 
+import attnbook
 
-PACKAGE = Path(__file__).resolve().parents[2] / "lib" / "attnbook"
+PACKAGE = Path(attnbook.__file__).resolve().parent
+EXPECTED = {"", "reference", "dispatch", "flash", "trust", "tolerance", "testing", "layers", "train",
+            "selfcheck", "exercises", "exercises._core", "experiments", "experiments.core"}
+TEST_ONLY = {"testing"}
+TOP_LAYERS = ("exercises", "experiments")
 
 
 def _name(path: Path) -> str:
@@ -81,6 +97,40 @@ def test_the_parser_sees_lazy_imports_and_the_known_edges():
     assert "dispatch" in graph[""] and "flash" in graph[""]  # the package face
     assert any(m.startswith("experiments") for m in graph)  # subpackages too
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]  # the detector itself
+
+
+def _core(module: str) -> bool:
+    return not any(module == top or module.startswith(top + ".") for top in TOP_LAYERS)
+
+
+def forbidden_edges(graph: dict) -> list[tuple[str, str]]:
+    """Every edge that breaks the contract: core -> testing/exercises/experiments, any -> testing."""
+    bad = []
+    for m, ns in graph.items():
+        for n in ns:
+            if n in TEST_ONLY and m not in TEST_ONLY:
+                bad.append((m, n))
+            elif _core(m) and not _core(n):
+                bad.append((m, n))
+    return sorted(bad)
+
+
+def test_the_graph_is_the_real_package():
+    """Was vacuous: a wrong PACKAGE path gave an empty graph, in which nothing is ever wrong."""
+    assert PACKAGE.is_dir() and (PACKAGE / "__init__.py").is_file(), PACKAGE
+    graph = import_graph()
+    assert EXPECTED <= set(graph), sorted(EXPECTED - set(graph))
+    assert len(graph) >= 40 and sum(map(len, graph.values())) >= 80  # a real graph, not a stub
+
+
+def test_core_never_imports_testing_exercises_or_experiments():
+    graph = import_graph()
+    assert forbidden_edges(graph) == []
+    for planted in (("trust", "testing"), ("dispatch", "exercises._core"), ("layers", "experiments"),
+                    ("exercises._core", "testing")):  # controls: each kind of edge is caught
+        m, n = planted
+        assert planted in forbidden_edges({**graph, m: graph[m] | {n}}), planted
+    assert forbidden_edges({**graph, "experiments.core": graph["experiments.core"] | {"layers"}}) == []
 
 
 def test_no_import_circle():
