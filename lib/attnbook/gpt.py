@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import check_bool, check_choice, check_int, check_tensor
+from ._checks import check_bool, check_choice, check_float, check_int, check_tensor, check_tokens, describe
 from .cache import CachedAttention, KVCache
 from .layers import FeedForward, LayerNorm
 
@@ -30,7 +30,12 @@ __all__ = ["DecoderBlock", "GPT", "GPTConfig", "GPTOutput", "generate", "head_ma
 
 @dataclass(frozen=True)
 class GPTConfig:
-    """Sizes of a :class:`GPT`; the defaults are chapter 11's tiny poem model."""
+    """Sizes of a :class:`GPT`; the defaults are chapter 11's tiny poem model.
+
+    Checked on construction: every size is an int >= 1 (``n_layers`` >= 1 too), ``n_heads``
+    divides ``d_model``, ``positions`` is ``"learned"`` or ``"rope"`` (RoPE needs an even
+    ``d_model / n_heads``), ``tie_weights`` a bool, ``dropout`` in [0, 1] (as ``nn.Dropout``).
+    """
 
     vocab_size: int
     n_positions: int = 64        # longest context (learned positions need a table this long)
@@ -41,6 +46,9 @@ class GPTConfig:
     positions: str = "learned"   # "learned" (GPT-2) or "rope" (chapter 06)
     tie_weights: bool = True     # read out through the token embedding (Press & Wolf 2017)
     dropout: float = 0.0
+
+    def __post_init__(self):
+        _check_config(self)
 
 
 class GPTOutput(NamedTuple):
@@ -56,7 +64,9 @@ class DecoderBlock(nn.Module):
         x = x + SelfAttn(LN_1(x))   (causal);      x = x + FFN(LN_2(x))
 
     ``self_attn`` is a ``cache.CachedAttention`` (chapter 05's heads, RoPE optional), so
-    :func:`generate` can hand it a ``KVCache``.
+    :func:`generate` can hand it a ``KVCache``. Its causal mask is bottom-right aligned: with
+    t positions cached, the T new queries are positions t .. t + T - 1 and query i sees keys
+    j <= t + i (``reference.CAUSAL_ALIGNMENTS``; without a cache it is the ordinary j <= i).
     """
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, *, rope: bool = False,
@@ -75,7 +85,7 @@ class DecoderBlock(nn.Module):
 
         ``head_mask`` ``(H,)`` scales each head's output before ``W^O`` (0 = pruned).
         """
-        res = self.self_attn(self.norm1(x), causal=True, cache=cache,
+        res = self.self_attn(self.norm1(x), causal="bottom_right", cache=cache,  # new = last
                              need_weights=need_weights, head_mask=head_mask)
         x = x + self.dropout(res.out)
         x = x + self.dropout(self.ffn(self.norm2(x)))
@@ -97,10 +107,6 @@ class GPT(nn.Module):
         if not isinstance(config, GPTConfig):
             raise TypeError(f"GPT: `config` must be a GPTConfig, got {type(config).__name__}")
         c = self.config = config
-        check_int("vocab_size", c.vocab_size, fn="GPT", minimum=1)
-        check_int("n_positions", c.n_positions, fn="GPT", minimum=1)
-        check_choice("positions", c.positions, ("learned", "rope"), fn="GPT")
-        check_bool("tie_weights", c.tie_weights, fn="GPT")
         self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
         self.pos_emb = nn.Embedding(c.n_positions, c.d_model) if c.positions == "learned" else None
         self.blocks = nn.ModuleList(
@@ -121,8 +127,10 @@ class GPT(nn.Module):
                 head_mask: torch.Tensor | None = None) -> GPTOutput:
         """Logits for the next token at every position of ``ids`` ``(B, T)``.
 
-        With ``cache`` (from :meth:`new_cache`), ``ids`` are the NEW tokens: they sit at
-        positions ``len(cache[0]), ...`` and their keys and values are appended.
+        With ``cache`` (from :meth:`new_cache`: one distinct self-attention ``KVCache`` per
+        block, all holding the same number t of positions), ``ids`` are the NEW tokens: they
+        sit at positions ``t, t + 1, ...`` and their keys and values are appended. A list that
+        repeats one cache object, or caches of different lengths, raises ``ValueError``.
         ``head_mask`` ``(n_layers, n_heads)`` (e.g. from :func:`head_mask`) multiplies
         each head's output before its block's ``W^O``: 0 prunes that head.
         """
@@ -157,21 +165,32 @@ def lm_loss(logits: torch.Tensor, ids: torch.Tensor, *,
         L = -1/N sum_t log p(x_{t+1} | x_<=t),   N = positions whose target is not PAD
 
     Chapter 02's factorisation, one term per position. ``logits`` ``(B, T, V)`` from
-    ``GPT(ids)``, ``ids`` ``(B, T)``: the logits at position t are scored against the
-    token at t + 1 (the shift happens here).
+    ``GPT(ids)``, ``ids`` ``(B, T)`` (``torch.long``, each in ``[0, V)`` or equal to
+    ``pad_id``): the logits at position t are scored against the token at t + 1 (the shift
+    happens here). With every target PAD the mean is over nothing: NaN (``perplexity`` and
+    ``mean_loss`` raise instead).
     """
-    _check_lm_loss(logits, ids)
+    _check_lm_loss(logits, ids, pad_id)
     pred, target = logits[:, :-1], ids[:, 1:]               # position t predicts t + 1
     return F.cross_entropy(pred.reshape(-1, pred.shape[-1]), target.reshape(-1),
                            ignore_index=pad_id)
 
 
-def _check_lm_loss(logits, ids) -> None:
-    check_tensor("logits", logits, fn="lm_loss")
-    check_tensor("ids", ids, fn="lm_loss", floating=False)
+def _check_lm_loss(logits, ids, pad_id) -> None:
+    fn = "lm_loss"
+    check_tensor("logits", logits, fn=fn)
+    check_tensor("ids", ids, fn=fn, floating=False)
+    if ids.dtype != torch.long:
+        raise TypeError(f"{fn}: `ids` must be a torch.long tensor of token ids, got {describe(ids)}")
     if logits.ndim != 3 or ids.shape != logits.shape[:2] or ids.shape[1] < 2:
-        raise ValueError(f"lm_loss: `logits` must be (B, T, V) and `ids` (B, T) with T >= 2, "
+        raise ValueError(f"{fn}: `logits` must be (B, T, V) and `ids` (B, T) with T >= 2, "
                          f"got {tuple(logits.shape)} and {tuple(ids.shape)}")
+    pad_id = check_int("pad_id", pad_id, fn=fn, minimum=-(2 ** 63))
+    v = logits.shape[-1]
+    bad = ((ids < 0) | (ids >= v)) & (ids != pad_id)
+    if bool(bad.any()):
+        raise ValueError(f"{fn}: `ids` must lie in [0, V = {v}) (or equal pad_id = {pad_id}), "
+                         f"got {int(ids[bad][0])}")
 
 
 @torch.no_grad()
@@ -183,8 +202,10 @@ def perplexity(model: GPT, ids: torch.Tensor, *, pad_id: int = 0, batch_size: in
 def head_mask(model: GPT, prune=()) -> torch.Tensor:
     """A ``(n_layers, n_heads)`` mask for :meth:`GPT.forward`: ones, zeros at ``prune``.
 
-    ``prune``: ``(layer, head)`` pairs, both counted from 0 (block 1 is layer 0).
+    ``prune``: an iterable of ``(layer, head)`` pairs, both counted from 0 (block 1 is
+    layer 0); empty (the default) prunes nothing.
     """
+    _check_head_mask_args(model, prune)
     c = model.config
     mask = torch.ones(c.n_layers, c.n_heads, dtype=model.tok_emb.weight.dtype,
                       device=model.tok_emb.weight.device)
@@ -199,6 +220,14 @@ def head_mask(model: GPT, prune=()) -> torch.Tensor:
     return mask
 
 
+def _check_head_mask_args(model, prune) -> None:
+    if not isinstance(model, GPT):
+        raise TypeError(f"head_mask: `model` must be an attnbook.gpt.GPT, got {type(model).__name__}")
+    if isinstance(prune, (str, bytes, torch.Tensor)) or not hasattr(prune, "__iter__"):
+        raise TypeError(f"head_mask: `prune` must be an iterable of (layer, head) pairs "
+                        f"(e.g. [(0, 1)] or ()), got {prune!r:.80}")
+
+
 @torch.no_grad()
 def mean_loss(model: GPT, ids: torch.Tensor, *, head_mask: torch.Tensor | None = None,
               pad_id: int = 0, batch_size: int = 256) -> float:
@@ -208,6 +237,7 @@ def mean_loss(model: GPT, ids: torch.Tensor, *, head_mask: torch.Tensor | None =
 
 
 def _mean_loss(fn, model, ids, head_mask, pad_id, batch_size):
+    _check_mean_loss(fn, model, ids, pad_id, batch_size)
     was = model.training
     model.eval()
     total, count = 0.0, 0
@@ -222,6 +252,17 @@ def _mean_loss(fn, model, ids, head_mask, pad_id, batch_size):
         raise ValueError(f"{fn}: `ids` must hold at least one non-PAD target (ids[:, 1:] "
                          f"!= {pad_id}), got shape {tuple(ids.shape)} with none")
     return total / count
+
+
+def _check_mean_loss(fn, model, ids, pad_id, batch_size) -> None:
+    if not isinstance(model, GPT):
+        raise TypeError(f"{fn}: `model` must be an attnbook.gpt.GPT, got {type(model).__name__}")
+    check_tokens("ids", ids, model.config.vocab_size, fn=fn)       # (N, T) long, in [0, V)
+    if ids.shape[1] < 2:
+        raise ValueError(f"{fn}: `ids` must be (N, T) with T >= 2 (a target after a context), "
+                         f"got shape {tuple(ids.shape)}")
+    check_int("pad_id", pad_id, fn=fn, minimum=-(2 ** 63))
+    check_int("batch_size", batch_size, fn=fn, minimum=1)
 
 
 def pruning_costs(model: GPT, ids: torch.Tensor, *, pad_id: int = 0) -> dict:
@@ -256,12 +297,13 @@ def generate(model: GPT, prompt: torch.Tensor, *, max_new_tokens: int,
     hold the rest), or the whole sequence again when not; both give the same logits
     (asserted in the chapter and the tests). Tokens are drawn by ``sample_next``
     (temperature, top-k, top-p; ``temperature=0`` is greedy). Rows that produced
-    ``eos_id`` keep producing it.
+    ``eos_id`` keep producing it. ``use_cache`` is a bool; ``eos_id`` None or an int in
+    ``[0, vocab_size)``.
 
     Returns: ``(B, T0 + max_new_tokens)`` ids (fewer steps if every row has ended).
     """
     from .sampling import sample_next
-    max_new_tokens = _check_generate(model, prompt, max_new_tokens)
+    max_new_tokens = _check_generate(model, prompt, max_new_tokens, use_cache, eos_id)
     was = model.training
     model.eval()
     ids, cache = prompt, (model.new_cache() if use_cache else None)
@@ -282,7 +324,15 @@ def generate(model: GPT, prompt: torch.Tensor, *, max_new_tokens: int,
     return ids
 
 
-def _check_generate(model, prompt, max_new_tokens) -> int:
+def _check_generate(model, prompt, max_new_tokens, use_cache, eos_id) -> int:
+    if not isinstance(model, GPT):
+        raise TypeError(f"generate: `model` must be an attnbook.gpt.GPT, got {type(model).__name__}")
+    check_bool("use_cache", use_cache, fn="generate")
+    if eos_id is not None:
+        check_int("eos_id", eos_id, fn="generate", minimum=0)
+        if eos_id >= model.config.vocab_size:
+            raise ValueError(f"generate: `eos_id` must lie in [0, vocab_size = "
+                             f"{model.config.vocab_size}), got {eos_id}")
     check_tensor("prompt", prompt, fn="generate", floating=False)
     if prompt.ndim != 2 or prompt.shape[1] < 1 or prompt.dtype != torch.long:
         raise ValueError(f"generate: `prompt` must be a (B, T0) LongTensor with T0 >= 1, got "
@@ -313,6 +363,8 @@ def _check_forward(model: GPT, ids, cache) -> int:
                               or not all(isinstance(c, KVCache) for c in cache)):
         raise TypeError(f"{fn}: `cache` must be a list of {len(model.blocks)} KVCache "
                         f"(model.new_cache()), got {cache!r:.80}")
+    if cache is not None:
+        _check_block_caches(cache, fn)
     past = 0 if cache is None else len(cache[0])
     if model.pos_emb is not None and past + ids.shape[1] > model.config.n_positions:
         raise ValueError(f"{fn}: positions up to {past + ids.shape[1]} exceed n_positions = "
@@ -321,3 +373,31 @@ def _check_forward(model: GPT, ids, cache) -> int:
         raise ValueError(f"{fn}: `ids` must lie in [0, {model.config.vocab_size}), got "
                          f"[{int(ids.min())}, {int(ids.max())}]")
     return past
+
+
+def _check_block_caches(cache: list[KVCache], fn: str) -> None:
+    """One distinct, self-attention cache per block, all holding the same number of positions."""
+    if len({id(c) for c in cache}) != len(cache):
+        raise ValueError(f"{fn}: `cache` must hold one distinct KVCache per block (model.new_cache()); "
+                         f"the list repeats one object, so two blocks would append to it")
+    if any(c.static for c in cache):
+        raise ValueError(f"{fn}: `cache` must hold self-attention caches (static=False), got {cache!r:.100}")
+    lengths = [len(c) for c in cache]
+    if len(set(lengths)) > 1:
+        raise ValueError(f"{fn}: every block's cache must hold the same number of positions (the "
+                         f"new tokens' positions start there), got lengths {lengths}")
+
+
+def _check_config(c: GPTConfig) -> None:
+    fn = "GPTConfig"
+    for name in ("vocab_size", "n_positions", "d_model", "n_heads", "n_layers", "d_ff"):
+        check_int(name, getattr(c, name), fn=fn, minimum=1)
+    if c.d_model % c.n_heads:
+        raise ValueError(f"{fn}: `n_heads` must divide `d_model`, got d_model={c.d_model}, "
+                         f"n_heads={c.n_heads}")
+    check_choice("positions", c.positions, ("learned", "rope"), fn=fn)
+    if c.positions == "rope" and (c.d_model // c.n_heads) % 2:
+        raise ValueError(f"{fn}: positions='rope' rotates pairs of features, so d_model / n_heads "
+                         f"must be even, got {c.d_model // c.n_heads}")
+    check_bool("tie_weights", c.tie_weights, fn=fn)
+    check_float("dropout", c.dropout, fn=fn, minimum=0.0, maximum=1.0)

@@ -21,6 +21,11 @@ takes: ``_project`` (``Q = query W^Q``, ``K``, ``V``, cut into heads) and ``_att
 through ``attnbook.attention``, then ``Concat(...) W^O``). The cached, rotary variant of chapter
 10 (``cache.CachedAttention``) overrides ``_project`` only.
 
+``causal`` names its alignment when ``Tq != Tk`` (``reference.CAUSAL_ALIGNMENTS``): ``True`` is
+``"top_left"`` here (query i sees keys j <= i, as SDPA's ``is_causal``), and
+``"bottom_right"`` (j <= i + Tk - Tq, the queries are the last Tq positions) is accepted too;
+``CachedAttention``'s ``True`` is ``"bottom_right"``.
+
 Empty inputs give empty outputs, as in ``nn.MultiheadAttention``: batch 0 or Tq = 0 give an
 empty ``out``; Tk = 0 leaves every query without a key, so its heads are zero (``out`` is
 ``out_proj``'s bias). The argument checks sit at the end of the module, out of the code the
@@ -35,7 +40,7 @@ from torch import nn
 
 from ._checks import check_bool, check_choice, check_device, check_dtype, check_int, check_tensor, describe
 from .dispatch import BACKENDS, attention
-from .reference import attention_ref, mask_to_additive
+from .reference import attention_ref, causal_alignment, fold_causal, mask_to_additive
 
 __all__ = ["MultiHeadAttention", "MultiHeadOutput", "mask_from_torch", "merge_heads", "repeat_kv",
            "split_heads"]
@@ -142,6 +147,8 @@ class MultiHeadAttention(nn.Module):
     Parameters: ``4 d_model^2`` weights (+ ``4 d_model`` biases) for every h when
     ``kdim = vdim = d_model`` and ``n_kv_heads = n_heads``.
 
+    ``causal=True`` is top-left aligned (``causal_default``); see :meth:`forward`.
+
     Initialisation: ``xavier_uniform_`` for each of q/k/v_proj and zero biases (what
     ``nn.MultiheadAttention`` does when kdim/vdim differ from d_model), ``out_proj`` as
     ``nn.Linear`` with a zero bias. No dropout: equal to ``nn.MultiheadAttention`` in eval mode.
@@ -157,6 +164,8 @@ class MultiHeadAttention(nn.Module):
         device, dtype: of the parameters, as for ``nn.Linear`` (a floating dtype); inputs must
             match them.
     """
+
+    causal_default = "top_left"   # what causal=True means in forward (reference.CAUSAL_ALIGNMENTS)
 
     def __init__(self, d_model: int, n_heads: int, *, bias: bool = True, kdim: int | None = None,
                  vdim: int | None = None, backend: str = "auto", n_kv_heads: int | None = None,
@@ -217,8 +226,9 @@ class MultiHeadAttention(nn.Module):
                 ``attnbook.padding_mask(lengths, Tk)``, shape ``(B, 1, 1, Tk)``. Masks
                 written for ``nn.MultiheadAttention`` go through
                 :func:`mask_from_torch`.
-            causal: query i may attend key j only if j <= i (top-left aligned when
-                Tq != Tk).
+            causal: ``False``; ``True`` or ``"top_left"``: query i may attend key j only
+                if j <= i; ``"bottom_right"``: only if j <= i + (Tk - Tq) (the queries are
+                the last Tq positions). The two agree when Tq = Tk.
             need_weights: also return the per-head weights; computed with ``attention_ref``
                 (the backend is then not used).
             head_mask: ``(H,)`` factors multiplying each head's output before ``W^O`` (0
@@ -230,8 +240,9 @@ class MultiHeadAttention(nn.Module):
         """
         key = query if key is None else key
         value = key if value is None else value
-        _check_forward(self, query, key, value, mask, causal, need_weights, head_mask)
+        align = _check_forward(self, query, key, value, mask, causal, need_weights, head_mask)
         q, k, v = self._project(query, key, value)
+        mask, causal = fold_causal(mask, align, q.shape[2], k.shape[2], device=q.device)
         return self._attend(q, k, v, mask, causal, need_weights, head_mask)
 
     def _project(self, query, key, value):
@@ -383,9 +394,10 @@ def _check_inputs(m: MultiHeadAttention, query, key, value, head_mask, fn) -> No
             raise ValueError(f"{fn}: `head_mask` is on {head_mask.device} but the module is on {weight.device}")
 
 
-def _check_forward(m, query, key, value, mask, causal, need_weights, head_mask) -> None:
+def _check_forward(m, query, key, value, mask, causal, need_weights, head_mask) -> str | None:
+    """Validate :meth:`MultiHeadAttention.forward`'s arguments; return the causal alignment (or None)."""
     fn = f"{type(m).__name__}.forward"
     _check_inputs(m, query, key, value, head_mask, fn)
     _check_mask(mask, (query.shape[0], m.n_heads, query.shape[1], key.shape[1]), fn)
-    check_bool("causal", causal, fn=fn)
     check_bool("need_weights", need_weights, fn=fn)
+    return causal_alignment(causal, default=m.causal_default, fn=fn)

@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import check_float, check_int
+from ._checks import check_choice, check_float, check_int, check_tensor, check_tokens, describe
 from .data import BOS_ID, EOS_ID, PAD_ID
 
 __all__ = ["FINAL_GROUPS", "NgramLM", "PoemForm", "attention_to", "copied_ngrams", "poem_form",
@@ -41,10 +41,13 @@ class NgramLM:
         p_2(b | a) = lam c(a, b) / c(a) + (1 - lam) p_1(b)   (p_1 alone when c(a) = 0)
 
     Counted on the (previous, next) pairs of ``ids`` ``(N, T)`` whose next is not PAD, which
-    are the targets ``gpt.lm_loss`` scores.
+    are the targets ``gpt.lm_loss`` scores. ``ids``: a non-empty ``torch.long`` tensor with every
+    id in ``[0, vocab_size)``.
     """
 
     def __init__(self, ids: torch.Tensor, vocab_size: int, *, order: int = 2, lam: float = 0.5):
+        vocab_size = check_int("vocab_size", vocab_size, fn="NgramLM")
+        check_tokens("ids", ids, vocab_size, fn="NgramLM")
         self.order = check_int("order", order, fn="NgramLM", minimum=1)
         if order > 2:
             raise ValueError(f"NgramLM: `order` must be 1 or 2, got {order}")
@@ -65,18 +68,42 @@ class NgramLM:
         return torch.where(row > 0, p, self.unigram.expand_as(p))
 
     def perplexity(self, ids: torch.Tensor) -> float:
-        """exp of the mean negative log-likelihood of the non-PAD targets of ``ids``."""
+        """exp of the mean negative log-likelihood of the non-PAD targets of ``ids`` ``(N, T)``.
+
+        Raises ``ValueError`` when no target is left (all PAD), as ``gpt.perplexity`` does.
+        """
+        check_tokens("ids", ids, self.vocab_size, fn="NgramLM.perplexity")
         a, b = _pairs(ids)
+        if not len(b):
+            raise ValueError(f"NgramLM.perplexity: `ids` must hold at least one non-PAD target "
+                             f"(ids[:, 1:] != {PAD_ID}), got shape {tuple(ids.shape)} with none")
         return math.exp(-float(self.probs()[a, b].log().mean()))
 
     def sample(self, n: int, *, max_len: int, generator: torch.Generator) -> torch.Tensor:
-        """``n`` sequences ``(n, 1 + max_len)`` starting at BOS, drawn token by token."""
+        """``n`` sequences ``(n, 1 + max_len)`` starting at BOS, drawn token by token.
+
+        ``n``, ``max_len``: ints >= 0; ``generator``: a ``torch.Generator``.
+        """
+        _check_sample(n, max_len, generator)
         p = self.probs().float()
         ids = torch.full((n, 1), BOS_ID, dtype=torch.long)
         for _ in range(max_len):
             nxt = torch.multinomial(p[ids[:, -1]], 1, generator=generator)   # (n, 1)
             ids = torch.cat([ids, nxt], 1)
         return ids
+
+
+def _check_sample(n, max_len, generator) -> None:
+    check_int("n", n, fn="NgramLM.sample", minimum=0)
+    check_int("max_len", max_len, fn="NgramLM.sample", minimum=0)
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"NgramLM.sample: `generator` must be a torch.Generator, got "
+                        f"{type(generator).__name__}")
+
+
+def _check_str(name, value, fn) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{fn}: `{name}` must be a str, got {type(value).__name__}")
 
 
 def _pairs(ids):
@@ -87,6 +114,7 @@ def _pairs(ids):
 
 def split_lines(poem: str) -> list[str]:
     """The lines of a poem: the text between punctuation marks (``，``/``。``), marks dropped."""
+    _check_str("poem", poem, "split_lines")
     lines, cur = [], ""
     for ch in poem:
         if ch in PUNCT:
@@ -131,7 +159,13 @@ def rhyme_groups() -> dict[str, str]:
 
 
 def poem_form(poem: str, groups: dict[str, str] | None = None) -> PoemForm:
-    """Check one poem's form: line lengths, punctuation, rhyme of lines 2 and 4 (module docstring)."""
+    """Check one poem's form: line lengths, punctuation, rhyme of lines 2 and 4 (module docstring).
+
+    ``poem``: a str; ``groups``: character -> rhyme group (default :func:`rhyme_groups`).
+    """
+    _check_str("poem", poem, "poem_form")
+    if groups is not None and not isinstance(groups, dict):
+        raise TypeError(f"poem_form: `groups` must be a dict or None, got {type(groups).__name__}")
     lines = split_lines(poem)
     n = len(lines[0]) if lines else 0
     lengths_ok = len(lines) == 4 and n in (5, 7) and all(len(x) == n for x in lines)
@@ -143,13 +177,24 @@ def poem_form(poem: str, groups: dict[str, str] | None = None) -> PoemForm:
 
 
 def copied_ngrams(poem: str, train_ngrams: set[str], n: int = 4) -> float:
-    """Share of the poem's character n-grams (inside lines) that occur in ``train_ngrams``."""
+    """Share of the poem's character n-grams (inside lines) that occur in ``train_ngrams``.
+
+    ``n`` >= 1. A poem with no line of n characters has no n-gram: the share is 0.0.
+    """
+    _check_str("poem", poem, "copied_ngrams")
+    if not isinstance(train_ngrams, (set, frozenset)):
+        raise TypeError(f"copied_ngrams: `train_ngrams` must be a set of str (see ngram_set), "
+                        f"got {type(train_ngrams).__name__}")
+    n = check_int("n", n, fn="copied_ngrams")
     grams = [x[i:i + n] for x in split_lines(poem) for i in range(len(x) - n + 1)]
     return sum(g in train_ngrams for g in grams) / len(grams) if grams else 0.0
 
 
 def ngram_set(poems: list[str], n: int = 4) -> set[str]:
-    """Every character n-gram inside a line of ``poems``."""
+    """Every character n-gram inside a line of ``poems`` (``n`` >= 1)."""
+    if isinstance(poems, str) or not all(isinstance(p, str) for p in poems):
+        raise TypeError("ngram_set: `poems` must be a list of str")
+    n = check_int("n", n, fn="ngram_set")
     return {x[i:i + n] for p in poems for x in split_lines(p) for i in range(len(x) - n + 1)}
 
 
@@ -161,9 +206,12 @@ def attention_to(weights: torch.Tensor, ids: torch.Tensor, kind: str) -> torch.T
     own line), ``"prev_line_same"`` (the same slot of the previous line; only queries from
     line 2 on), ``"previous"`` (the key just before the query), ``"rhyme_slot"`` (line 2's last
     character, seen from the one query that predicts line 4's last character: the second-last
-    character of line 4). Queries: the poem characters that are not punctuation. Returns
-    ``(H,)``: the mean, over those queries, of the weight on that key.
+    character of line 4). Queries: the poem characters that are not punctuation, in the rows
+    that hold a quatrain (24 or 32 tokens between BOS and EOS/PAD); other rows are skipped.
+    Returns ``(H,)``: the mean, over those queries, of the weight on that key. Raises
+    ``ValueError`` when no row holds a quatrain (a mean over nothing is not zero attention).
     """
+    kind = _check_attention_to(weights, ids, kind)
     b, h, t, _ = weights.shape
     out = torch.zeros(h, dtype=torch.float64)
     count = 0
@@ -178,17 +226,34 @@ def attention_to(weights: torch.Tensor, ids: torch.Tensor, kind: str) -> torch.T
             if slot == period - 1:                                     # a punctuation mark
                 continue
             key = {"bos": 0, "line_start": q - slot, "previous": q - 1,
-                   "prev_line_same": q - period, "rhyme_slot": 2 * period - 1}.get(kind)
-            if key is None:
-                raise ValueError(f"attention_to: `kind` must be bos, line_start, previous, "
-                                 f"prev_line_same or rhyme_slot, got {kind!r}")
+                   "prev_line_same": q - period, "rhyme_slot": 2 * period - 1}[kind]
             if kind == "rhyme_slot" and q != 4 * period - 2:       # predicts line 4's end
                 continue
             if key < 1 and kind == "prev_line_same":
                 continue
             out += weights[r, :, q, key].double()
             count += 1
-    return out / max(count, 1)
+    if not count:
+        raise ValueError(f"attention_to: no row of `ids` {tuple(ids.shape)} holds a quatrain "
+                         f"(BOS, then 24 or 32 tokens before EOS/PAD): nothing to average")
+    return out / count
+
+
+ATTENTION_KINDS = ("bos", "line_start", "previous", "prev_line_same", "rhyme_slot")
+
+
+def _check_attention_to(weights, ids, kind) -> str:
+    fn = "attention_to"
+    kind = check_choice("kind", kind, ATTENTION_KINDS, fn=fn)
+    check_tensor("weights", weights, fn=fn, min_ndim=4)
+    if not isinstance(ids, torch.Tensor) or ids.ndim != 2 or ids.dtype != torch.long:
+        got = describe(ids) if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise TypeError(f"{fn}: `ids` must be a (B, T) torch.long tensor, got {got}")
+    b, t = ids.shape
+    if weights.ndim != 4 or weights.shape[0] != b or weights.shape[2:] != (t, t):
+        raise ValueError(f"{fn}: `weights` must be (B, H, T, T) for `ids` (B, T) = {(b, t)}, "
+                         f"got {describe(weights)}")
+    return kind
 
 
 def _line_period(row: list[int], n: int) -> int | None:

@@ -10,7 +10,7 @@ gives it a sense of order:
   RoFormer's adjacent-pair layout or the half-split ``rotate_half`` layout (GPT-NeoX,
   Hugging Face's LLaMA; Meta's original LLaMA code pairs adjacent features);
 - ``alibi_slopes`` / ``alibi_bias``: Press et al.'s linear biases, an additive float mask for
-  :func:`attnbook.attention`;
+  :func:`attnbook.attention` (top-left or bottom-right aligned: ``align``);
 - ``t5_bucket``: T5's relative-position buckets (one learned bias per bucket and head).
 
 The sinusoidal table, its rotations and RoPE share the frequency ladder
@@ -228,36 +228,43 @@ def alibi_slopes(n_heads: int, *, dtype=None, device=None) -> torch.Tensor:
 
 
 def alibi_bias(n_heads: int, tq: int, tk: int | None = None, *, symmetric: bool = False,
-               dtype=None, device=None) -> torch.Tensor:
+               align: str = "top_left", dtype=None, device=None) -> torch.Tensor:
     """ALiBi as an additive float mask for :func:`attnbook.attention` (chapter 06).
 
     This is eq-ch06-alibi.
 
-    ``bias[h, i, j] = -m_h * (i - j)`` for keys at or before the query (``j <= i``), the
-    *penalty* of Press et al. (distant keys lose score). ALiBi was defined for causal
-    language models, so keys after the query get ``-inf``: the bias already contains the
-    causal mask (top-left aligned when ``tq != tk``, like ``causal_mask``), and passing
-    ``causal=True`` as well changes nothing. ``symmetric=True`` is an *extension* for
-    bidirectional attention, not in the paper: ``-m_h * |i - j|`` for every key, no
-    mask.
+    ``bias[h, i, j] = -m_h * (p_i - j)`` for keys at or before the query (``j <= p_i``), the
+    *penalty* of Press et al. (distant keys lose score); ``p_i`` is query i's position. ALiBi
+    was defined for causal language models, so keys after the query get ``-inf``: the bias
+    already contains the causal mask, and passing ``causal=True`` as well changes nothing
+    when the alignments agree (``reference.CAUSAL_ALIGNMENTS``):
+
+    - ``align="top_left"`` (default): ``p_i = i``, the queries are the first ``tq`` positions
+      (like ``causal_mask`` and ``causal=True`` in ``attention``);
+    - ``align="bottom_right"``: ``p_i = i + tk - tq``, the queries are the last ``tq``
+      positions, which is what a decoding step with a key/value cache needs (its rows are the
+      last ``tq`` rows of ``alibi_bias(H, tk)``).
+
+    ``symmetric=True`` is an *extension* for bidirectional attention, not in the paper:
+    ``-m_h * |p_i - j|`` for every key, no mask.
 
     The bias is added after the ``1/sqrt(D)`` scaling (that is where ``attention`` adds
     masks).
 
-    Args: n_heads, tq, tk (default tq); symmetric; dtype (default the default dtype).
+    Args: n_heads, tq, tk (default tq); symmetric; align; dtype (default the default dtype).
     Returns: ``(n_heads, tq, tk)``; broadcasts against ``(B, H, Tq, Tk)`` scores (for
     2-D single-head inputs ``(T, D)`` pass ``alibi_bias(1, T)[0]``).
     """
     n_heads, dtype = _check_alibi("alibi_bias", n_heads, dtype, device)
-    tq, tk, symmetric = _check_alibi_bias(tq, tk, symmetric)
-    i = torch.arange(tq, dtype=torch.float64, device=device)[:, None]
+    tq, tk, symmetric, offset = _check_alibi_bias(tq, tk, symmetric, align)   # offset: 0 or tk - tq
+    i = offset + torch.arange(tq, dtype=torch.float64, device=device)[:, None]   # p_i
     j = torch.arange(tk, dtype=torch.float64, device=device)[None, :]
     # (H, 1, 1)
     m = alibi_slopes(n_heads, dtype=torch.float64, device=device)[:, None, None]
     if symmetric:
         # (H, Tq, Tk); + 0.0 turns -0.0 into 0.0
         return (m * -(i - j).abs() + 0.0).to(dtype)
-    # -m (i - j); (H, Tq, Tk), future blocked
+    # -m (p_i - j); (H, Tq, Tk), future blocked
     bias = (m * (j - i)).masked_fill(j > i, -math.inf)
     return bias.to(dtype)
 
@@ -267,10 +274,13 @@ def _check_alibi(fn: str, n_heads, dtype, device) -> tuple[int, torch.dtype]:
     return check_int("n_heads", n_heads, fn=fn), check_dtype("dtype", dtype, fn=fn)
 
 
-def _check_alibi_bias(tq, tk, symmetric) -> tuple[int, int, bool]:
+def _check_alibi_bias(tq, tk, symmetric, align) -> tuple[int, int, bool, int]:
     fn = "alibi_bias"
     tq = check_int("tq", tq, fn=fn)
-    return tq, (tq if tk is None else check_int("tk", tk, fn=fn)), check_bool("symmetric", symmetric, fn=fn)
+    tk = tq if tk is None else check_int("tk", tk, fn=fn)
+    symmetric = check_bool("symmetric", symmetric, fn=fn)
+    align = check_choice("align", align, ("top_left", "bottom_right"), fn=fn)
+    return tq, tk, symmetric, (tk - tq if align == "bottom_right" else 0)
 
 
 def t5_bucket(relative_position: torch.Tensor, *, bidirectional: bool = True, num_buckets: int = 32,

@@ -6,24 +6,43 @@ against.
 
 Conventions (appendix "记号与约定"): tensors are ``(..., T, D)``, usually ``(B, H, T, D)``;
 row-major projections ``Q = X W_Q``; boolean masks use True = may attend (the
-``scaled_dot_product_attention`` convention); ``causal`` with ``Tq != Tk`` is top-left aligned
-(query i may attend key j iff j <= i); a query row with no allowed key returns zeros.
+``scaled_dot_product_attention`` convention); a query row with no allowed key returns zeros.
+
+Causal alignment (``CAUSAL_ALIGNMENTS``, as ``torch.nn.attention.bias.CausalVariant``). When
+``Tq != Tk`` a causal mask must say where the queries sit among the keys:
+
+- ``"top_left"``: query i may attend key j iff ``j <= i`` (the queries are the FIRST Tq
+  positions); ``scaled_dot_product_attention(is_causal=True)``, ``CausalVariant.UPPER_LEFT``;
+- ``"bottom_right"``: query i may attend key j iff ``j <= i + (Tk - Tq)`` (the queries are the
+  LAST Tq positions, as in incremental decoding with a key/value cache);
+  ``CausalVariant.LOWER_RIGHT``, flash-attn's ``causal=True`` since 2.1.
+
+The two agree when ``Tq == Tk``. Here ``causal=True`` is top-left (in ``attention_ref`` and the
+kernels, in ``causal_mask`` by default and in ``multihead.MultiHeadAttention``);
+``cache.CachedAttention``'s ``causal=True`` is bottom-right. :func:`causal_mask` builds either
+mask; :func:`causal_alignment` reads a module's ``causal`` argument.
 """
 from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
-from ._checks import (attention_kernel, check_device, check_dtype, check_int, check_query_key, check_scale,
-                      check_tensor)
+from ._checks import (attention_kernel, check_choice, check_device, check_dtype, check_int, check_query_key,
+                      check_scale, check_tensor)
+
+CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")   # where the Tq queries sit among Tk keys
 
 __all__ = [
+    "CAUSAL_ALIGNMENTS",
     "AttentionResult",
     "additive_scores",
     "attention_ref",
+    "causal_alignment",
     "causal_mask",
     "dot_scores",
+    "fold_causal",
     "general_scores",
     "mask_to_additive",
     "masked_softmax",
@@ -129,23 +148,68 @@ def additive_scores(
 # Masks (True = may attend)
 # ---------------------------------------------------------------------------------------------
 
-def causal_mask(tq: int, tk: int | None = None, *, device=None) -> torch.Tensor:
-    """Causal mask (chapter 04, eq-ch04-causal-mask): query i may see key j iff j <= i.
+def causal_mask(tq: int, tk: int | None = None, *, align: str = "top_left", device=None) -> torch.Tensor:
+    """Causal mask (chapter 04, eq-ch04-causal-mask): query i may see key j iff j <= i + offset.
 
-    Top-left aligned when ``tq != tk``, like
-    ``scaled_dot_product_attention(is_causal=True)``.
+    ``align="top_left"`` (default): offset 0, like
+    ``scaled_dot_product_attention(is_causal=True)``. ``align="bottom_right"``: offset
+    ``tk - tq``, the queries are the last ``tq`` of ``tk`` positions (incremental decoding;
+    torch's ``causal_lower_right``). The two agree when ``tq == tk``; with bottom-right and
+    ``tq > tk`` the first ``tq - tk`` rows see no key.
 
-    Args: tq, tk (default ``tq``), both >= 0.  Returns a bool tensor ``(tq, tk)``,
-    True = may attend.
+    Args: tq, tk (default ``tq``), both >= 0; align ``"top_left"`` or ``"bottom_right"``.
+    Returns a bool tensor ``(tq, tk)``, True = may attend.
     """
-    tq, tk = _check_causal_mask(tq, tk, device)
-    return torch.ones(tq, tk, dtype=torch.bool, device=device).tril()
+    tq, tk, offset = _check_causal_mask(tq, tk, align, device)   # offset: 0 or tk - tq
+    return torch.ones(tq, tk, dtype=torch.bool, device=device).tril(offset)
 
 
-def _check_causal_mask(tq, tk, device) -> tuple[int, int]:
+def _check_causal_mask(tq, tk, align, device) -> tuple[int, int, int]:
     check_device("device", device, fn="causal_mask")
     tq = check_int("tq", tq, fn="causal_mask", minimum=0)
-    return tq, (tq if tk is None else check_int("tk", tk, fn="causal_mask", minimum=0))
+    tk = tq if tk is None else check_int("tk", tk, fn="causal_mask", minimum=0)
+    align = check_choice("align", align, CAUSAL_ALIGNMENTS, fn="causal_mask")
+    return tq, tk, (tk - tq if align == "bottom_right" else 0)
+
+
+def causal_alignment(causal, *, default: str, fn: str) -> str | None:
+    """Read a ``causal`` argument: None for ``False``, ``default`` for ``True``, else the name.
+
+    ``causal`` is a bool or one of ``CAUSAL_ALIGNMENTS`` (``"top_left"``, ``"bottom_right"``);
+    ``default`` is what ``True`` means in the calling module (named in its docstring). ``fn``
+    names the caller in the error raised for anything else.
+    """
+    default = check_choice("default", default, CAUSAL_ALIGNMENTS, fn="causal_alignment")
+    if isinstance(causal, str):
+        if causal not in CAUSAL_ALIGNMENTS:
+            raise ValueError(f"{fn}: `causal` must be a bool, 'top_left' or 'bottom_right', "
+                             f"got {causal!r}")
+        return causal
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"{fn}: `causal` must be a bool, 'top_left' or 'bottom_right', got "
+                        f"{causal!r} ({type(causal).__name__})")
+    return default if causal else None
+
+
+def fold_causal(mask, align: str | None, tq: int, tk: int, *, device=None):
+    """``(mask, causal)`` for a kernel whose ``causal=True`` is top-left, from an alignment.
+
+    ``align`` None: ``(mask, False)``; ``"top_left"``, or any alignment when ``tq == tk``:
+    ``(mask, True)``; ``"bottom_right"`` with ``tq != tk``: the bottom-right
+    :func:`causal_mask` folded into ``mask`` (bool: ``mask & allowed``; additive: ``-inf``
+    where not allowed), and ``causal=False``. ``mask``: None, bool or additive float,
+    broadcastable to ``(..., tq, tk)``; ``device``: of the folded mask (default ``mask``'s).
+    """
+    if align is None:
+        return mask, False
+    if align == "top_left" or tq == tk:
+        return mask, True
+    device = mask.device if mask is not None else device
+    allowed = causal_mask(tq, tk, align=align, device=device)                 # (Tq, Tk)
+    if mask is None or mask.dtype == torch.bool:
+        return (allowed if mask is None else mask & allowed), False
+    return torch.where(allowed, mask, torch.full((), float("-inf"), dtype=mask.dtype,
+                                                  device=device)), False
 
 
 def padding_mask(lengths, t: int) -> torch.Tensor:
@@ -219,7 +283,8 @@ def visible_keys(mask, causal: bool, tq: int, tk: int, *, rows: slice | None = N
     """Which keys each query may attend, as a bool tensor broadcastable to ``(..., n, Tk)``.
 
     A key is hidden by ``False`` in a bool mask, by ``-inf`` in an additive mask, and by
-    ``causal`` (key j > query i). ``rows`` restricts the query rows (a tile of them).
+    ``causal``: ``True`` or ``"top_left"`` hides key j > query i, ``"bottom_right"`` hides
+    key j > i + (Tk - Tq) (module docstring). ``rows`` restricts the query rows (a tile of them).
     """
     if rows is not None and not isinstance(rows, slice):
         raise TypeError(f"visible_keys: `rows` must be a slice or None, got {rows!r}")
@@ -229,7 +294,8 @@ def visible_keys(mask, causal: bool, tq: int, tk: int, *, rows: slice | None = N
     i = torch.arange(tq, device=device)[rows]  # (n,)
     vis = torch.ones(len(i), tk, dtype=torch.bool, device=device)
     if causal:
-        vis = torch.arange(tk, device=device)[None, :] <= i[:, None]  # (n, Tk), top-left aligned
+        offset = tk - tq if causal == "bottom_right" else 0            # top-left: 0
+        vis = torch.arange(tk, device=device)[None, :] <= i[:, None] + offset  # (n, Tk)
     if mask is not None:
         m = mask.reshape((1,) * max(0, 2 - mask.ndim) + tuple(mask.shape))  # at least (.., 1|Tq, Tk)
         m = m[..., rows, :] if m.shape[-2] != 1 else m
@@ -270,7 +336,9 @@ def attention_ref(q, k, v, *, mask=None, causal=False, scale=None):
         q: ``(..., Tq, D)``; k: ``(..., Tk, D)``; v: ``(..., Tk, Dv)``.
         mask: bool (True = may attend) or additive float, broadcastable to
             ``(..., Tq, Tk)``.
-        causal: also forbid key j > query i (top-left aligned).
+        causal: also forbid key j > query i (top-left aligned, as SDPA's ``is_causal``; a
+            bool). For the bottom-right alignment pass
+            ``mask=causal_mask(Tq, Tk, align="bottom_right")`` instead (module docstring).
         scale: softmax scale, default ``1/sqrt(D)``.
     Returns:
         :class:`AttentionResult` ``(out, lse, weights)``: ``out (..., Tq, Dv)``, the row

@@ -123,7 +123,7 @@ def test_bad_inputs_name_the_function():
         lm_loss(torch.randn(2, 3, 5), torch.zeros(2, 4, dtype=torch.long))
     with pytest.raises(ValueError, match="generate: prompt length"):
         generate(m, torch.zeros(1, 20, dtype=torch.long), max_new_tokens=5)
-    with pytest.raises(ValueError, match="GPT: `positions`"):
+    with pytest.raises(ValueError, match="GPTConfig: `positions`"):
         GPT(GPTConfig(5, positions="sinusoidal"))
 
 
