@@ -1,5 +1,5 @@
 """Chapter 08's new claims: the no-skip control, why Pre-LN's gradient falls with the layer
-index, and ``group_rows`` (the committed per-seed rows the chapter recomputes its ranges from)."""
+index, and ``group_rows`` (the committed per-seed rows of one environment, from the package data)."""
 import json
 
 import numpy as np
@@ -60,18 +60,12 @@ def test_pre_ln_cause_profiles_and_claim():
         ch08.skip_control(-2)
 
 
-def test_group_rows_reads_the_committed_rows(tmp_path):
-    rows = [dict(claim="ch08.post_ln_s", seed=s, metrics=dict(net=0.5 + s, s_min=1.0)) for s in (1, 0)]
-    (tmp_path / "benchmarks").mkdir()
-    (tmp_path / "benchmarks" / "EXPERIMENTS.json").write_text(json.dumps(dict(rows=rows)))
-    sub = tmp_path / "chapters"
-    sub.mkdir()
-    got = ch08.group_rows("ch08.post_ln_s", ["net"], path=sub)           # found one level up
-    assert got == {"net": [0.5, 1.5]}                                    # sorted by seed
-
-
-def test_group_rows_reruns_without_the_file(tmp_path):
-    torch.set_num_threads(1)
-    got = ch08.group_rows("ch08.post_ln_s", ["net"], path=tmp_path)
-    want = [ch08.run_post_ln_path(s)["net"] for s in range(5)]
-    np.testing.assert_allclose(got["net"], want)
+def test_group_rows_reads_one_environment_of_the_package_rows():
+    from attnbook import experiments
+    rows = experiments.rows("ch08.post_ln_s")
+    env = sorted({r["env"] for r in rows})[-1]
+    got = ch08.group_rows("ch08.post_ln_s", ["net"], env=env)
+    want = [r["metrics"]["net"] for r in sorted(rows, key=lambda r: r["seed"]) if r["env"] == env]
+    assert got == {"net": want} and len(want) >= 5
+    with pytest.raises(ValueError, match="group_rows: `env` must be one of"):
+        ch08.group_rows("ch08.post_ln_s", ["net"], env="nowhere")

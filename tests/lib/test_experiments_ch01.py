@@ -83,6 +83,7 @@ def test_w_hh_scale_sets_the_spectrum_and_clipping_records_norms():
 
 
 GOOD_T20 = dict(best_gru_T20=1.0, best_rnn_T20=0.7, best_gap_T20=0.3)
+GOOD_T50 = dict(best_rnn_T50=0.4, best_gru_T50=0.13)
 GOOD_KEEP = dict(gru_u_median_T20=0.9, gru_ratio_T20=0.8)
 GOOD_CLIP = dict(noclip_loss=2.0, clip_loss=0.4, noclip_acc=0.13, clip_acc=0.9, noclip_max_grad=17.0)
 
@@ -94,24 +95,33 @@ GOOD_CLIP = dict(noclip_loss=2.0, clip_loss=0.4, noclip_acc=0.13, clip_acc=0.9, 
     ("ch01.gru_keeps", GOOD_KEEP, dict(gru_ratio_T20=1e-4)),                  # still vanishing
     ("ch01.clipping_rescues", GOOD_CLIP, dict(clip_loss=1.9)),                # no rescue
     ("ch01.clipping_rescues", GOOD_CLIP, dict(noclip_max_grad=0.5)),          # clipping never acted
-    ("ch01.lr_reverses_T20", {"rnn_T20_lr0.01": 0.4}, {"rnn_T20_lr0.01": 0.12}),  # RNN at chance
-    ("ch01.T50_unsolved", dict(best_rnn_T50=0.4), dict(best_rnn_T50=0.99)),       # RNN solved T = 50
+    ("ch01.lr_reverses_T20", {"rnn_T20_lr0.01": 0.4, "gap_T20_lr0.01": -0.2},
+     {"rnn_T20_lr0.01": 0.12}),  # RNN at chance
+    ("ch01.T50_unsolved", GOOD_T50, dict(best_rnn_T50=0.99)),                   # RNN solved T = 50       # RNN solved T = 50
 ])
 def test_each_predicate_rejects_the_wrong_finding(name, good, wrong):
     exp = experiments.get(name)
-    assert exp.holds(good)
-    assert not exp.holds({**good, **wrong})
+    assert exp.holds_all([good])
+    assert not exp.holds_all([{**good, **wrong}])
 
 
-def test_the_all_seeds_conditions():
-    rev = experiments.get("ch01.lr_reverses_T20").overall
-    assert rev([{"gap_T20_lr0.01": g} for g in (-0.3, -0.1, 0.6, -0.5, -0.4)])
-    assert not rev([{"gap_T20_lr0.01": g} for g in (-0.3, 0.1, 0.6, 0.5, -0.4)])
-    t50 = experiments.get("ch01.T50_unsolved").overall
-    assert t50([{"best_gru_T50": a} for a in (1.0, 0.14, 0.12, 0.14, 0.13)])
-    assert not t50([{"best_gru_T50": a} for a in (1.0, 1.0, 0.12, 1.0, 0.13)])
-    clip = experiments.get("ch01.clipping_rescues").overall
-    assert not clip([{"noclip_acc": a} for a in (0.6, 0.7, 0.12, 0.8, 0.13)])
+def test_the_rates_over_the_runs():
+    def rates(name, runs):
+        return experiments.get(name).holds_all(runs)
+    rnn = [dict(GOOD_T20, best_rnn_T20=a) for a in (0.5, 0.6, 1.0, 0.7, 0.4)]
+    assert rates("ch01.gru_T20", rnn)                                 # the RNN learns on 1 of 5
+    assert not rates("ch01.gru_T20", [dict(r, best_rnn_T20=1.0, best_gap_T20=0.0)
+                                      for r in rnn[:3]] + rnn[3:])  # on 3 of 5: no longer a minority
+    gap = [{"rnn_T20_lr0.01": 0.4, "gap_T20_lr0.01": g} for g in (-0.3, -0.1, 0.6, -0.5, -0.4)]
+    assert rates("ch01.lr_reverses_T20", gap)
+    assert not rates("ch01.lr_reverses_T20", [dict(m, **{"gap_T20_lr0.01": g}) for m, g in
+                                              zip(gap, (-0.3, 0.1, 0.6, 0.5, -0.4))])
+    t50 = [dict(GOOD_T50, best_gru_T50=a) for a in (1.0, 0.14, 0.12, 0.14, 0.13)]
+    assert rates("ch01.T50_unsolved", t50)
+    assert not rates("ch01.T50_unsolved", [dict(m, best_gru_T50=a) for m, a in
+                                           zip(t50, (1.0, 1.0, 0.12, 1.0, 0.13))])
+    clip = [dict(GOOD_CLIP, noclip_acc=a, clip_acc=a + 0.3) for a in (0.6, 0.7, 0.12, 0.65, 0.13)]
+    assert not rates("ch01.clipping_rescues", clip)                   # the unclipped run learned
 
 
 def test_recall_loss_is_the_cross_entropy_of_the_readout():

@@ -94,5 +94,5 @@ def test_ratio_configs_have_about_the_same_layer_parameters():
 ])
 def test_each_predicate_rejects_the_wrong_finding(name, good, wrong):
     exp = experiments.get(name)
-    assert exp.holds(good)
-    assert not exp.holds(dict(good, **wrong))
+    assert exp.holds_all([good])
+    assert not exp.holds_all([dict(good, **wrong)])

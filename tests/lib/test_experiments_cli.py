@@ -1,28 +1,27 @@
-"""``python -m attnbook.experiments --check --jobs N``: the chapters checked in N processes."""
+"""``python -m attnbook.experiments --check``: fresh runs under another kernel path, in processes."""
 import pytest
 
 from attnbook.experiments import __main__ as cli
 
 
-def test_jobs_needs_check():
-    with pytest.raises(SystemExit):
-        cli.parse(["--jobs", "2", "--only", "ch09"])
-    with pytest.raises(SystemExit):
-        cli.parse(["--check", "--jobs", "0"])
+def test_groups_split_chapters_over_jobs():
+    names = ["ch09.performer", "ch05.one_head", "ch05.two_heads"]
+    groups = cli._groups(names, 2)
+    assert sorted(map(sorted, groups)) == [["ch05.one_head", "ch05.two_heads"], ["ch09.performer"]]
+    assert len(cli._groups(names, 1)) == 1 and sorted(cli._groups(names, 1)[0]) == sorted(names)
 
 
 @pytest.mark.slow
-def test_check_in_two_processes_reports_each_group(capsys):
-    assert cli.main(["--check", "--jobs", "2", "--only", "ch09", "ch05.one_head", "--seeds", "0"]) == 0
+def test_check_under_the_default_path_reports_each_claim(capsys):
+    assert cli.main(["--check", "--jobs", "2", "--only", "ch09", "ch05.one_head", "--seeds", "0",
+                     "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "--- ch05.one_head ---" in out and "--- ch09 ---" in out
     assert "holds ch09.performer" in out and "holds ch05.one_head" in out
     assert "in 2 processes" in out
 
 
 @pytest.mark.slow
-def test_a_failing_group_fails_the_whole_check(monkeypatch, tmp_path, capsys):
-    # a group whose claim is unknown to the child process exits non-zero: so must the parent
-    real = cli.core.select
-    monkeypatch.setattr(cli.core, "select", lambda only, registry=None: real(["ch09"], registry))
-    assert cli.main(["--check", "--jobs", "2", "--only", "ch09.no_such_claim", "--seeds", "0"]) == 1
+def test_a_failing_worker_fails_the_whole_check():
+    with pytest.raises(SystemExit, match="a worker failed"):
+        cli.main(["--check", "--only", "ch09", "--seeds", "0", "--no-progress",
+                  "--capability", "no_such_path_xyz"])

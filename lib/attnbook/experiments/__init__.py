@@ -1,35 +1,47 @@
-"""Every empirical claim of the book, over seeds (CHAPTER.md point 18).
+"""Every empirical claim of the book, over seeds and CPU kernel paths (CHAPTER.md point 18).
 
-A single run is an illustration; the evidence is ``python3 make.py experiments``, which runs
-every registered claim on seeds 0-4 and writes benchmarks/EXPERIMENTS.md (the figures the
-chapters quote) and benchmarks/EXPERIMENTS.json (the raw rows). In a chapter::
+A single run is an illustration; the evidence is ``python3 make.py experiments``, which runs every
+registered claim on seeds 0-9 under two or more CPU kernel paths (``ATEN_CPU_CAPABILITY``) and
+writes the rows, with where each was made, to ``data/chNN.json`` inside this package (so Colab and
+a pip install read the same rows) and renders benchmarks/EXPERIMENTS.md from them. In a chapter::
 
     from attnbook import experiments
     from attnbook.experiments import ch08
-    m = ch08.run_profiles(0)                      # this run (one seed)
-    experiments.where("ch08.last_layer_gap", m)   # where it falls among the committed seeds
+    m = ch08.run_profiles(0)                      # this run (one seed): an illustration
+    experiments.where("ch08.last_layer_gap", m)   # beside the committed runs of seed 0 and all runs
+    experiments.committed()["ch08.last_layer_gap"]["holds"]   # the claim, over the committed runs
 
-Modules: ``core`` (registry, runner, writer), one module per chapter (``ch04``, ``ch08``) that
-defines and registers its claims, and the generated ``_committed`` (the summaries, so that
-``where`` and ``quote`` also work without a repository checkout, e.g. in Colab).
+Modules: ``rules`` (a claim's rule as data: its text, check and margin), ``registry``
+(``register``), ``core`` (runner, summaries, ``where``, ``check_live``, EXPERIMENTS.md), ``store``
+(the committed rows and their environments), one module per chapter (``ch04``, ``ch08``) that
+defines and registers its claims. The chapter modules hold chapter code (models, run functions)
+that the notebooks import; they are not a stable API.
 """
+from . import rules
 from .core import (
     DEFAULT_SEEDS,
+    SWEEP_SEEDS,
     Experiment,
+    Placement,
+    check_live,
     committed,
+    committed_rows,
     failures,
     get,
+    live_tolerance,
     names,
     quote,
     range_text,
+    rate_text,
     register,
+    rows,
     run_experiments,
     select,
     summarize,
     where,
-    write_outputs,
 )
 
-__all__ = ["DEFAULT_SEEDS", "Experiment", "committed", "failures", "get", "names", "quote",
-           "range_text", "register", "run_experiments", "select", "summarize", "where",
-           "write_outputs"]
+__all__ = ["DEFAULT_SEEDS", "SWEEP_SEEDS", "Experiment", "Placement", "check_live", "committed",
+           "committed_rows", "failures", "get", "live_tolerance", "names", "quote", "range_text",
+           "rate_text", "register", "rows", "rules", "run_experiments", "select", "summarize",
+           "where"]

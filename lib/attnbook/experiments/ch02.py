@@ -20,6 +20,7 @@ from ..decoding import enumerate_sequences, greedy_decode, random_tree_lm
 from ..seq2seq import Seq2Seq
 from ..train import evaluate, fit, token_cross_entropy
 from .registry import register
+from .rules import All, Decreasing, Gt, Lt
 
 __all__ = ["LENGTHS", "TEMPERATURES", "test_sets", "accuracy_by_length", "seq2seq_loss",
            "new_model", "train_bottleneck", "bottleneck_metrics", "run_bottleneck",
@@ -143,32 +144,25 @@ def run_search_rates(seed: int) -> dict:
 
 
 register("ch02.bottleneck", chapter="02", run=run_bottleneck,
+         rule=All(Gt("em_3", 0.9), Lt("em_12", 0.1), Gt("tf_drop", 0.2), Gt("tf_12", "greedy_12", offset=0.05)),
          claim="不带注意力的 GRU seq2seq（反转任务，源长 3–12，300 步）：短句几乎全对、长句整句几乎全错，"
                "强制教学下的词元准确率也随长度下降，且高于贪心解码（喂自己的输出）",
-         rule="em_3 > 0.9; em_12 < 0.1; tf_drop = tf_3 - tf_12 > 0.2; "
-              "tf_12 > greedy_12 + 0.05 (feeding its own outputs costs accuracy)",
-         holds=lambda m: m["em_3"] > 0.9 and m["em_12"] < 0.1 and m["tf_drop"] > 0.2
-         and m["tf_12"] > m["greedy_12"] + 0.05,
          quoted=("em_8", "em_12", "tf_12", "greedy_12", "loss"), fmt=".2f")
 register("ch02.bottleneck_controls", chapter="02", run=run_bottleneck,
+         rule=All(*(r for p in ("long_", "wide_") for r in (
+             Gt(f"{p}em_3", 0.9), Gt(f"{p}tf_drop", 0.1), Lt(f"{p}em_12", f"{p}em_3", offset=-0.5))),
+                  Gt("long_em_8", "em_8"), Gt("wide_em_8", "em_8"), Gt("long_tf_12", "tf_12")),
          claim="同一模型训练加倍到 600 步、或隐状态加到 128 维（300 步）：中等长度明显变好，"
                "但随长度的下降仍在（短句全对，长度 12 整句仍几乎全错，强制教学下仍下降）",
-         rule="for long_ and wide_: em_3 > 0.9, em_12 < em_3 - 0.5, tf_drop > 0.1; "
-              "long_em_8 > em_8, wide_em_8 > em_8 and long_tf_12 > tf_12",
-         holds=lambda m: all(m[f"{p}em_3"] > 0.9 and m[f"{p}tf_drop"] > 0.1
-                             and m[f"{p}em_12"] < m[f"{p}em_3"] - 0.5 for p in ("long_", "wide_"))
-         and m["long_em_8"] > m["em_8"] and m["wide_em_8"] > m["em_8"]
-         and m["long_tf_12"] > m["tf_12"],
          quoted=("long_em_8", "long_em_12", "long_tf_12", "wide_em_8", "wide_em_12",
                  "wide_tf_12", "long_loss", "wide_loss"), fmt=".2f")
 register("ch02.search_rates", chapter="02", run=run_search_rates,
+         rule=All(Decreasing(*(f"greedy_error_T{_tag(t)}" for t in TEMPERATURES)),
+                  Decreasing("empty_map_T2", "empty_map_T1"), Gt("empty_map_T1", 0.5),
+                  Lt("empty_map_T05", 0.5), Decreasing("empty_map_T05", "empty_map_T025"),
+                  Gt("empty_map_T1", "p_empty_T1", scale=2)),
          claim="玩具模型的搜索误差率和空 MAP 的比例是玩具的性质：logit 的温度越低（分布越尖），"
                "贪心越少出错、精确 MAP 越少是空输出；空 MAP 在温度 1 时过半，温度 0.5 时已不到一半",
-         rule="greedy_error and empty_map fall at every step T = 2 > 1 > 0.5 > 0.25; "
-              "empty_map_T1 > 0.5 > empty_map_T05; empty_map_T1 > 2 x p_empty_T1",
-         holds=lambda m: m["greedy_error_T2"] > m["greedy_error_T1"] > m["greedy_error_T05"]
-         > m["greedy_error_T025"] and m["empty_map_T2"] > m["empty_map_T1"] > 0.5
-         > m["empty_map_T05"] > m["empty_map_T025"] and m["empty_map_T1"] > 2 * m["p_empty_T1"],
          quoted=tuple(f"{k}_T{_tag(t)}" for k in ("greedy_error", "empty_map")
                       for t in TEMPERATURES),
          fmt=".3f", unit="group of 200 toy models")

@@ -28,6 +28,7 @@ from .._checks import check_choice, check_int
 from ..positional import alibi_bias, frequencies, sinusoidal_encoding
 from ..train import fit
 from .registry import register
+from .rules import All, Between, Gt, Lt
 
 __all__ = ["TinyLM", "lag_batch", "lm_loss", "train_lm", "accuracy_by_position", "bucket_means",
            "length_metrics", "run_length", "run_lag2", "test_set", "ntk_base", "stretch_settings",
@@ -245,37 +246,28 @@ _BUDGET = ("300 steps at batch 64, Adam lr 1e-2, every version the same data and
            "steps: +0.02 seen, +0.07 at 32-63) (a first version at 120 steps, lr 3e-3, had not "
            "converged: ALiBi lag 2 at 0.30)")
 
-register("ch06.length", chapter="06", run=run_length, notes=_BUDGET,
+register("ch06.length", chapter="06", run=run_length,
+         rule=All(Gt("sinusoidal_seen", 0.95), Lt("sinusoidal_far", 0.2), Gt("rope_seen", 0.95),
+                  Gt("rope_mid", 0.9), Lt("rope_far", 0.6), Between("rope_first_below_half", 27.5, 64),
+                  Gt("alibi_far", 0.9), Between("none_seen", 0.6, 0.99),
+                  Lt("none_far", "none_seen", offset=-0.3)), notes=_BUDGET,
          claim="训练长度 16、测试长度 64：正弦编码一过训练长度就失效，RoPE 保持到约 2 倍长度后下降，"
                "ALiBi 在 4 倍长度上保持；不加位置编码的模型在见过的位置上就不如三者，越往后越差",
-         rule="sinusoidal_seen > 0.95 and sinusoidal_far < 0.2; rope_seen > 0.95, rope_mid > 0.9, "
-              "rope_far < 0.6, 28 <= rope_first_below_half < 64; alibi_far > 0.9; "
-              "0.6 < none_seen < 0.99 and none_far < none_seen - 0.3",
-         holds=lambda m: m["sinusoidal_seen"] > 0.95 and m["sinusoidal_far"] < 0.2
-         and m["rope_seen"] > 0.95 and m["rope_mid"] > 0.9 and m["rope_far"] < 0.6
-         and 28 <= m["rope_first_below_half"] < 64 and m["alibi_far"] > 0.9
-         and 0.6 < m["none_seen"] < 0.99 and m["none_far"] < m["none_seen"] - 0.3,
          quoted=("sinusoidal_far", "rope_mid", "rope_far", "rope_first_below_half", "alibi_far",
                  "none_seen", "none_far"))
-register("ch06.length_controls", chapter="06", run=run_length, notes=_BUDGET,
+register("ch06.length_controls", chapter="06", run=run_length,
+         rule=All(Gt("rope_window_far", 0.95), Gt("sin_offset_far", "sinusoidal_far", offset=0.5)), notes=_BUDGET,
          claim="两个因果对照：测试时把 RoPE 模型距离 ≥ 16 的键屏蔽掉，32–63 的准确率回到接近 1；"
                "正弦编码改用随机偏移 0–48 训练（见过 PE(16…63)），32–63 的准确率回升到接近 1",
-         rule="rope_window_far > 0.95; sin_offset_far > sinusoidal_far + 0.5",
-         holds=lambda m: m["rope_window_far"] > 0.95
-         and m["sin_offset_far"] > m["sinusoidal_far"] + 0.5,
          quoted=("rope_window_far", "sin_offset_far"))
-register("ch06.rope_stretch", chapter="06", run=run_length, notes=_BUDGET,
+register("ch06.rope_stretch", chapter="06", run=run_length,
+         rule=All(Lt("rope_pi_seen", 0.5), Gt("rope_ntk_seen", 0.95), Gt("rope_ntk_far", "rope_far", offset=0.3)), notes=_BUDGET,
          claim="不再训练、直接在长度 64 上测试 RoPE 模型：位置插值（位置除以 4）连见过的长度都做不好，"
                "NTK 式放大底数保住见过的长度，32–63 远好于原样外推",
-         rule="rope_pi_seen < 0.5; rope_ntk_seen > 0.95 and rope_ntk_far > rope_far + 0.3",
-         holds=lambda m: m["rope_pi_seen"] < 0.5 and m["rope_ntk_seen"] > 0.95
-         and m["rope_ntk_far"] > m["rope_far"] + 0.3,
          quoted=("rope_pi_seen", "rope_ntk_seen", "rope_ntk_far"))
-register("ch06.lag2", chapter="06", run=run_lag2, notes=_BUDGET,
+register("ch06.lag2", chapter="06", run=run_lag2,
+         rule=All(Between("alibi_lag2_seen", 0.8, "rope_lag2_seen"), Gt("rope_lag2_seen", 0.95),
+                  Gt("alibi_lag2_far", "rope_lag2_far", offset=0.2)), notes=_BUDGET,
          claim="偏移 2 的任务、同样的预算：ALiBi 学得比偏移 1 慢、训练长度以内略低于 RoPE，"
                "但在 32–63 上仍远好于 RoPE",
-         rule="0.8 < alibi_lag2_seen < rope_lag2_seen; rope_lag2_seen > 0.95; "
-              "alibi_lag2_far > rope_lag2_far + 0.2",
-         holds=lambda m: 0.8 < m["alibi_lag2_seen"] < m["rope_lag2_seen"]
-         and m["rope_lag2_seen"] > 0.95 and m["alibi_lag2_far"] > m["rope_lag2_far"] + 0.2,
          quoted=("alibi_lag2_seen", "rope_lag2_seen", "alibi_lag2_far", "rope_lag2_far"))

@@ -15,6 +15,7 @@ import torch
 from ..efficient import elu_feature_map, linear_attention, random_feature_map
 from ..reference import attention_ref
 from .registry import register
+from .rules import All, Between, Decreasing, Gt, Lt
 
 __all__ = ["FEATURES", "performer_inputs", "performer_metrics", "run_performer"]
 
@@ -57,11 +58,8 @@ def run_performer(seed):
 
 
 register("ch09.performer", chapter="09", run=run_performer,
+         rule=All(Decreasing("err_m16", "err_m256", "err_m4096"), Between("slope", -0.7, -0.3),
+                  Lt("err_m4096", 0.1), Gt("err_elu", 0.1), Gt("err_elu", "err_m4096", scale=2)),
          claim="正随机特征（Performer）逼近 softmax 注意力：特征数 F 从 16 增到 4096，相对误差按约 1/√F 下降、"
                "F = 4096 时低于 0.1；elu + 1 的线性注意力与 F 无关，误差停在 0.1 以上（它是另一个模型）",
-         rule="err_m16 > err_m256 > err_m4096; -0.7 < slope < -0.3; err_m4096 < 0.1; "
-              "err_elu > 0.1; err_elu > 2 x err_m4096",
-         holds=lambda m: m["err_m16"] > m["err_m256"] > m["err_m4096"]
-         and -0.7 < m["slope"] < -0.3 and m["err_m4096"] < 0.1 and m["err_elu"] > 0.1
-         and m["err_elu"] > 2 * m["err_m4096"],
          quoted=("err_m16", "err_m256", "err_m4096", "err_elu", "slope"), fmt=".3f")
