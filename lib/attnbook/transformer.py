@@ -37,13 +37,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._checks import (check_bool, check_choice, check_device, check_dtype, check_float, check_int,
-                      describe)
-from ._transformer_checks import (_check_decode, _check_encode, _check_from_torch, _check_generate,
-                                  _check_pair, _check_prefixes, _check_step_fn)
+                      check_tensor, check_tokens, describe)
 from .blocks import DecoderLayer, EncoderLayer, torch_layer_settings
 from .cache import DecoderCache
 from .decoding import beam_search, greedy_decode_batch
-from .layers import ACTIVATIONS, LayerNorm
+from .layers import ACTIVATIONS, LayerNorm, RMSNorm
 from .positional import alibi_bias, sinusoidal_encoding
 from .reference import mask_to_additive
 from .train import eval_mode
@@ -158,22 +156,35 @@ class Transformer(nn.Module):
 
     @property
     def final_norm(self) -> bool:
-        return self.encoder_norm is not None
+        """True if BOTH stacks end in a norm (a ``from_torch`` copy may have only one: see
+        ``encoder_norm`` and ``decoder_norm``, each None or a norm)."""
+        return self.encoder_norm is not None and self.decoder_norm is not None
 
     def extra_repr(self) -> str:
         order = "Pre-LN" if self.norm_first else "Post-LN"
+        norms = (f"final_norm={self.final_norm}"
+                 if (self.encoder_norm is None) == (self.decoder_norm is None) else
+                 f"encoder_norm={self.encoder_norm is not None}, "
+                 f"decoder_norm={self.decoder_norm is not None}")
         return (f"{order}, positions={self.positions!r}, tie_embeddings={self.tie_embeddings}, "
-                f"final_norm={self.final_norm}")
+                f"{norms}")
 
     # -------------------------------------------------------------------------------- forward
-    def _embed(self, tokens, table, pos_table, start=0):
+    def embed(self, tokens: torch.Tensor, table: nn.Embedding,
+              pos_table: nn.Embedding | None = None, start: int = 0) -> torch.Tensor:
         """Emb(tokens) sqrt(d_model) + PE(start, start + 1, ...), then dropout.
 
         This is eq-ch10-embed.
 
-        (An empty sequence, T = 0, still asks ``sinusoidal_encoding`` for one row: it
-        needs >= 1.)
+        Args:
+            tokens: ``(B, T)`` ids of ``table``.
+            table: ``src_embed`` or ``tgt_embed``.
+            pos_table: ``src_pos`` / ``tgt_pos`` with learned positions, else None.
+            start: position of ``tokens[:, 0]`` (a cache's length when decoding).
+        Returns ``(B, T, d_model)``. (An empty sequence, T = 0, still asks
+        ``sinusoidal_encoding`` for one row: it needs >= 1.)
         """
+        _check_embed(self, tokens, table, pos_table, start)
         t = tokens.shape[1]
         x = table(tokens) * math.sqrt(self.d_model)                  # (B, T, d_model)
         if self.positions == "sinusoidal":
@@ -202,7 +213,7 @@ class Transformer(nn.Module):
         Padded positions of ``memory`` hold values; every cross-attention masks them out.
         """
         _check_encode(self, src, src_pad, need_weights)
-        x = self._embed(src, self.src_embed, getattr(self, "src_pos", None))
+        x = self.embed(src, self.src_embed, getattr(self, "src_pos", None))
         mask, _ = self._self_mask(src_pad, src.shape[1], src.shape[1], False, x.dtype)
         maps = []
         for layer in self.encoder:
@@ -235,7 +246,7 @@ class Transformer(nn.Module):
             memory = memory.expand(tgt.shape[0], -1, -1)
         start = 0 if cache is None else cache.length
         t = tgt.shape[1]
-        x = self._embed(tgt, self.tgt_embed, getattr(self, "tgt_pos", None), start)
+        x = self.embed(tgt, self.tgt_embed, getattr(self, "tgt_pos", None), start)
         self_mask, causal = self._self_mask(tgt_pad, t, start + t, True, x.dtype)
         memory_mask = None if src_pad is None else src_pad[:, None, None, :]  # (B, 1, 1, S)
         self_maps, cross_maps = [], []
@@ -280,15 +291,22 @@ class Transformer(nn.Module):
         """An empty ``DecoderCache`` for :meth:`decode`."""
         return DecoderCache(self.n_layers)
 
-    def _step(self, memory, src_pad, *, shared: bool, cache: bool):
-        """``step(prefixes (N, t)) -> (N, V)`` log-probs (the protocol of chapter 02).
+    def memory_step_fn(self, memory: torch.Tensor, src_pad: torch.Tensor | None = None, *,
+                       shared: bool, cache: bool = True):
+        """The decoding protocol ``step(prefixes (N, t)) -> (N, V)`` over a ``memory``.
 
-        With ``cache``, a call whose prefixes each extend a prefix of the previous call
-        (row n's parent found by value when ``shared``, i.e. one source for every row as in
-        beam search; row n itself otherwise) reuses the parents' keys and values and runs
+        Chapter 02's protocol (log-probs of the next token), used by chapter 10.
+
+        ``memory``: ``encode``'s output, ``(1, S, d_model)`` read by every row when
+        ``shared`` (one source, as in beam search), else ``(B, S, d_model)`` with row n
+        of ``prefixes`` continuing source n; ``src_pad``: its bool pad mask
+        ``(1 or B, S)``, True = real token. With ``cache``, a call whose prefixes each
+        extend a prefix of the previous call (row n's parent found by value when
+        ``shared``; row n itself otherwise) reuses the parents' keys and values and runs
         the decoder on the one new token; any other call starts a fresh cache from the
-        whole prefix.
+        whole prefix. ``step_fn`` and ``batch_step_fn`` call it.
         """
+        _check_memory_step_fn(self, memory, src_pad, shared, cache)
         state = {"prefixes": None, "cache": None}
 
         def parents(prefixes):
@@ -332,7 +350,8 @@ class Transformer(nn.Module):
         _check_step_fn(src, src_pad, cache)
         with eval_mode(self), torch.no_grad():
             memory = self.encode(src[None], src_pad=None if src_pad is None else src_pad[None])
-        return self._step(memory, None if src_pad is None else src_pad[None], shared=True, cache=cache)
+        return self.memory_step_fn(memory, None if src_pad is None else src_pad[None], shared=True,
+                                   cache=cache)
 
     def batch_step_fn(self, src: torch.Tensor, src_pad: torch.Tensor | None = None, *, cache: bool = True):
         """Like :meth:`step_fn` for a padded batch: row n of ``prefixes`` continues source n
@@ -340,7 +359,10 @@ class Transformer(nn.Module):
         check_bool("cache", cache, fn="Transformer.batch_step_fn")
         with eval_mode(self), torch.no_grad():
             memory = self.encode(src, src_pad=src_pad)
-        return self._step(memory, src_pad, shared=False, cache=cache)
+        return self.memory_step_fn(memory, src_pad, shared=False, cache=cache)
+
+    _embed = embed                # the names chapter 10 showed before they were public
+    _step = memory_step_fn
 
     def generate(self, src: torch.Tensor, *, bos: int, eos: int, max_len: int, beam_size: int = 1,
                  cache: bool = True, src_pad: torch.Tensor | None = None,
@@ -377,9 +399,12 @@ class Transformer(nn.Module):
         ``src_embed``, ``tgt_embed`` (``nn.Embedding``) and ``output`` (``nn.Linear`` without
         bias; None, or a layer whose weight IS ``tgt_embed.weight``, means tied). The reference
         computation is ``output(model(Emb_src(src) sqrt(d) + PE, Emb_tgt(tgt) sqrt(d) + PE))``
-        with sinusoidal PE. ``nn.Transformer`` always puts a LayerNorm after each stack, even
-        in Post-LN order, so the copy has ``final_norm=True``. Equal in eval mode, batch first;
-        torch's masks (True = padding) become ``src_pad = ~src_key_padding_mask``.
+        with sinusoidal PE. ``nn.Transformer`` puts a LayerNorm after each stack, even in
+        Post-LN order; a custom encoder or decoder may have ``norm=None``. Each stack's norm
+        is copied on its own: an ``nn.LayerNorm`` (or ``nn.RMSNorm``) becomes
+        ``encoder_norm``/``decoder_norm``, None or ``nn.Identity`` becomes None (no norm).
+        Equal in eval mode, batch first; torch's masks (True = padding) become
+        ``src_pad = ~src_key_padding_mask``.
         """
         fn = "Transformer.from_torch"
         _check_from_torch(model, src_embed, tgt_embed, output, fn)
@@ -388,19 +413,25 @@ class Transformer(nn.Module):
         settings = torch_layer_settings(enc_layers[0], fn=fn)
         settings.pop("bias")  # the layers are replaced below by from_torch copies, biases included
         new = cls(src_embed.num_embeddings, tgt_embed.num_embeddings, n_layers=len(enc_layers),
-                  positions="sinusoidal", tie_embeddings=tied, backend=backend,
-                  final_norm=model.encoder.norm is not None, **settings)
+                  positions="sinusoidal", tie_embeddings=tied, backend=backend, final_norm=False,
+                  **settings)
         new.encoder = nn.ModuleList(EncoderLayer.from_torch(layer, backend=backend) for layer in enc_layers)
         new.decoder = nn.ModuleList(DecoderLayer.from_torch(layer, backend=backend) for layer in dec_layers)
-        if model.encoder.norm is not None:
-            new.encoder_norm = LayerNorm.from_torch(model.encoder.norm)
-            new.decoder_norm = LayerNorm.from_torch(model.decoder.norm)
+        new.encoder_norm = _copy_norm(model.encoder.norm)    # each stack's own: a norm or None
+        new.decoder_norm = _copy_norm(model.decoder.norm)
         with torch.no_grad():
             new.src_embed.weight.copy_(src_embed.weight)
             new.tgt_embed.weight.copy_(tgt_embed.weight)
             if not tied:
                 new.output.weight.copy_(output.weight)
         return new
+
+
+def _copy_norm(norm: nn.Module | None) -> nn.Module | None:
+    """This library's copy of a PyTorch stack's final norm; None (no norm) for None or Identity."""
+    if norm is None or isinstance(norm, nn.Identity):
+        return None
+    return (LayerNorm if isinstance(norm, nn.LayerNorm) else RMSNorm).from_torch(norm)
 
 
 def torch_masks(src_pad: torch.Tensor, tgt_pad: torch.Tensor) -> dict:
@@ -424,3 +455,169 @@ def torch_masks(src_pad: torch.Tensor, tgt_pad: torch.Tensor) -> dict:
     causal = torch.ones(t, t, dtype=torch.bool, device=tgt_pad.device).triu(1)
     return {"tgt_mask": causal, "src_key_padding_mask": ~src_pad,
             "tgt_key_padding_mask": ~tgt_pad, "memory_key_padding_mask": ~src_pad}
+
+
+# ----------------------------------------------------------------------------------- checks
+# Each ``_check_<method>`` validates one method's arguments (kept out of the methods the book
+# shows) and raises ``TypeError``/``ValueError`` in the format of ``_checks``
+# (``"fn: `arg` must be ..., got ..."``); ``m`` is the model.
+
+def _check_tokens(m, name, t, vocab, fn) -> None:
+    """``t``: token ids, a 2-D torch.long ``(B, T)`` tensor on the model's device, in [0, vocab)."""
+    check_tokens(name, t, vocab, fn=fn, allow_empty=True)
+    if t.device != m.output.weight.device:
+        raise ValueError(f"{fn}: `{name}` is on {t.device} but the model is on {m.output.weight.device}")
+
+
+def _check_pad(name, pad, shape, fn) -> None:
+    """``pad``: None or a bool tensor of ``shape`` (True = a real token)."""
+    if pad is None:
+        return
+    check_tensor(name, pad, fn=fn, min_ndim=1, floating=False)
+    if pad.dtype != torch.bool:
+        raise TypeError(f"{fn}: `{name}` must be a bool tensor (True = real token), got {describe(pad)}")
+    if tuple(pad.shape) != tuple(shape):
+        raise ValueError(f"{fn}: `{name}` must have the shape of its tokens {tuple(shape)}, "
+                         f"got {tuple(pad.shape)}")
+
+
+def _check_length(m, name, length, fn) -> None:
+    if m.positions == "learned" and length > m.max_len:
+        raise ValueError(f"{fn}: learned positions cover {m.max_len} positions (max_len), "
+                         f"got `{name}` reaching position {length}")
+
+
+def _check_pair(m, src, tgt, fn) -> None:
+    _check_tokens(m, "src", src, m.src_vocab, fn)
+    _check_tokens(m, "tgt", tgt, m.tgt_vocab, fn)
+    if tgt.shape[0] != src.shape[0]:
+        raise ValueError(f"{fn}: `src` and `tgt` must share the batch size, got "
+                         f"{tuple(src.shape)} and {tuple(tgt.shape)}")
+
+
+def _check_encode(m, src, src_pad, need_weights) -> None:
+    fn = "Transformer.encode"
+    _check_tokens(m, "src", src, m.src_vocab, fn)
+    _check_pad("src_pad", src_pad, src.shape, fn)
+    _check_length(m, "src", src.shape[1], fn)
+    check_bool("need_weights", need_weights, fn=fn)
+
+
+def _check_decode(m, tgt, memory, src_pad, tgt_pad, cache, need_weights) -> None:
+    fn = "Transformer.decode"
+    _check_tokens(m, "tgt", tgt, m.tgt_vocab, fn)
+    _check_pad("tgt_pad", tgt_pad, tgt.shape, fn)
+    check_tensor("memory", memory, fn=fn, min_ndim=3)
+    if memory.ndim != 3 or memory.shape[-1] != m.d_model or memory.shape[0] not in (1, tgt.shape[0]):
+        raise ValueError(f"{fn}: `memory` must be (B or 1, S, d_model={m.d_model}) with B = "
+                         f"{tgt.shape[0]}, got {describe(memory)}")
+    weight = m.output.weight
+    if memory.dtype != weight.dtype or memory.device != weight.device:
+        raise TypeError(f"{fn}: `memory` must have the model's dtype and device ({weight.dtype}, "
+                        f"{weight.device}), got {describe(memory)}")
+    _check_pad("src_pad", src_pad, memory.shape[:2], fn)
+    if cache is not None and not isinstance(cache, DecoderCache):
+        raise TypeError(f"{fn}: `cache` must be a DecoderCache or None, got {type(cache).__name__}")
+    if cache is not None and len(cache.layers) != m.n_layers:
+        raise ValueError(f"{fn}: `cache` must hold one entry per decoder layer ({m.n_layers}), "
+                         f"got {len(cache.layers)}; use new_cache()")
+    if cache is not None and tgt_pad is not None:
+        raise ValueError(f"{fn}: incremental decoding (a cache) takes no `tgt_pad`: every row "
+                         f"holds the same number of real tokens")
+    _check_length(m, "tgt", (0 if cache is None else cache.length) + tgt.shape[1], fn)
+    check_bool("need_weights", need_weights, fn=fn)
+
+
+def _check_prefixes(m, prefixes, memory, shared) -> None:
+    fn = "Transformer step"
+    _check_tokens(m, "prefixes", prefixes, m.tgt_vocab, fn)
+    if prefixes.shape[1] == 0:
+        raise ValueError(f"{fn}: `prefixes` must hold at least the BOS token, got {describe(prefixes)}")
+    if not shared and prefixes.shape[0] != memory.shape[0]:
+        raise ValueError(f"{fn}: `prefixes` must have one row per source ({memory.shape[0]}), "
+                         f"got {prefixes.shape[0]}")
+
+
+def _check_embed(m, tokens, table, pos_table, start) -> None:
+    fn = "Transformer.embed"
+    learned = m.positions == "learned"
+    for name, emb, required in (("table", table, True), ("pos_table", pos_table, learned)):
+        if emb is None and not required:
+            continue
+        if not isinstance(emb, nn.Embedding) or emb.embedding_dim != m.d_model:
+            raise TypeError(f"{fn}: `{name}` must be an nn.Embedding of width d_model = {m.d_model}"
+                            f"{'' if name == 'table' else ' (learned positions)'}, got {emb!r:.60}")
+    if pos_table is not None and m.positions != "learned":
+        raise ValueError(f"{fn}: `pos_table` is only used with learned positions, got "
+                         f"positions={m.positions!r}")
+    _check_tokens(m, "tokens", tokens, table.num_embeddings, fn)
+    start = check_int("start", start, fn=fn, minimum=0)
+    _check_length(m, "tokens", start + tokens.shape[1], fn)
+
+
+def _check_memory_step_fn(m, memory, src_pad, shared, cache) -> None:
+    fn = "Transformer.memory_step_fn"
+    check_bool("shared", shared, fn=fn)
+    check_bool("cache", cache, fn=fn)
+    check_tensor("memory", memory, fn=fn, min_ndim=3)
+    weight = m.output.weight
+    if memory.ndim != 3 or memory.shape[-1] != m.d_model or (shared and memory.shape[0] != 1):
+        raise ValueError(f"{fn}: `memory` must be ({'1' if shared else 'B'}, S, d_model={m.d_model})"
+                         f"{' with shared=True' if shared else ''}, got {describe(memory)}")
+    if memory.dtype != weight.dtype or memory.device != weight.device:
+        raise TypeError(f"{fn}: `memory` must have the model's dtype and device ({weight.dtype}, "
+                        f"{weight.device}), got {describe(memory)}")
+    _check_pad("src_pad", src_pad, memory.shape[:2], fn)
+
+
+def _check_step_fn(src, src_pad, cache) -> None:
+    fn = "Transformer.step_fn"
+    check_tensor("src", src, fn=fn, min_ndim=1, floating=False)
+    if src.ndim != 1:
+        raise ValueError(f"{fn}: `src` must be one sentence, a 1-D tensor, got shape {tuple(src.shape)}; "
+                         f"for a batch use batch_step_fn")
+    _check_pad("src_pad", src_pad, src.shape, fn)
+    check_bool("cache", cache, fn=fn)
+
+
+def _check_generate(m, src, src_pad, bos, eos, max_len, beam_size, cache, alpha) -> None:
+    fn = "Transformer.generate"
+    _check_tokens(m, "src", src, m.src_vocab, fn)
+    _check_pad("src_pad", src_pad, src.shape, fn)
+    for name, tok in (("bos", bos), ("eos", eos)):
+        if check_int(name, tok, fn=fn, minimum=0) >= m.tgt_vocab:
+            raise ValueError(f"{fn}: `{name}` must be a target id in [0, {m.tgt_vocab}), got {tok}")
+    check_int("max_len", max_len, fn=fn)
+    check_int("beam_size", beam_size, fn=fn)
+    check_bool("cache", cache, fn=fn)
+    check_float("alpha", alpha, fn=fn, minimum=0.0)
+
+
+def _check_from_torch(model, src_embed, tgt_embed, output, fn) -> None:
+    if not isinstance(model, nn.Transformer):
+        raise TypeError(f"{fn}: `model` must be an nn.Transformer, got {type(model).__name__}")
+    for name, emb in (("src_embed", src_embed), ("tgt_embed", tgt_embed)):
+        if not isinstance(emb, nn.Embedding):
+            raise TypeError(f"{fn}: `{name}` must be an nn.Embedding, got {type(emb).__name__}")
+        if emb.embedding_dim != model.d_model:
+            raise ValueError(f"{fn}: `{name}` must have embedding_dim d_model = {model.d_model}, "
+                             f"got {emb.embedding_dim}")
+    if output is not None:
+        if not isinstance(output, nn.Linear):
+            raise TypeError(f"{fn}: `output` must be an nn.Linear or None, got {type(output).__name__}")
+        if output.bias is not None or output.weight.shape != tgt_embed.weight.shape:
+            raise ValueError(f"{fn}: `output` must be nn.Linear(d_model, tgt_vocab, bias=False) with "
+                             f"weight {tuple(tgt_embed.weight.shape)}, got weight "
+                             f"{tuple(output.weight.shape)}, bias {output.bias is not None}")
+    for name, stack, kind in (("encoder", model.encoder, nn.TransformerEncoder),
+                              ("decoder", model.decoder, nn.TransformerDecoder)):
+        if not isinstance(stack, kind):
+            raise TypeError(f"{fn}: `model.{name}` must be an nn.{kind.__name__}, got "
+                            f"{type(stack).__name__}")
+        norm = stack.norm
+        if not (norm is None or isinstance(norm, (nn.Identity, nn.LayerNorm, nn.RMSNorm))):
+            raise TypeError(f"{fn}: `model.{name}.norm` must be an nn.LayerNorm, nn.RMSNorm, "
+                            f"nn.Identity or None, got {type(norm).__name__}")
+    if len(model.encoder.layers) != len(model.decoder.layers):
+        raise ValueError(f"{fn}: encoder and decoder must have as many layers, got "
+                         f"{len(model.encoder.layers)} and {len(model.decoder.layers)}")

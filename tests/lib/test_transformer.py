@@ -129,6 +129,63 @@ def test_from_torch_ignores_batch_first_and_the_default_tie():
         torch.testing.assert_close(mine(src, tgt, src_pad=src_pad, tgt_pad=tgt_pad), expected, **F64_TOL)
 
 
+def _custom_torch_transformer(norm_first, encoder_norm, decoder_norm):
+    """nn.Transformer with a custom encoder and decoder, each with or without its final norm."""
+    torch.manual_seed(0)
+    kw = dict(dropout=0.0, batch_first=True, norm_first=norm_first, dtype=f64)
+    enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(D, H, DFF, **kw), L,
+                                norm=nn.LayerNorm(D, dtype=f64) if encoder_norm else None,
+                                enable_nested_tensor=False)
+    dec = nn.TransformerDecoder(nn.TransformerDecoderLayer(D, H, DFF, **kw), L,
+                                norm=nn.LayerNorm(D, dtype=f64) if decoder_norm else None)
+    ref = nn.Transformer(D, H, custom_encoder=enc, custom_decoder=dec, batch_first=True, dtype=f64)
+    _perturb_norms(ref)
+    return ref.eval()
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("encoder_norm, decoder_norm",
+                         [(True, True), (False, True), (True, False), (False, False)])
+def test_from_torch_copies_each_final_norm_on_its_own(norm_first, encoder_norm, decoder_norm):
+    # issue 30: a custom encoder with norm=None used to drop the decoder's norm (logits off by
+    # ~18), and a custom decoder with norm=None crashed inside LayerNorm.from_torch
+    ref = _custom_torch_transformer(norm_first, encoder_norm, decoder_norm)
+    src_embed, tgt_embed = nn.Embedding(SRC_V, D, dtype=f64), nn.Embedding(TGT_V, D, dtype=f64)
+    output = nn.Linear(D, TGT_V, bias=False, dtype=f64)
+    mine = Transformer.from_torch(ref, src_embed, tgt_embed, output).eval()
+    assert (mine.encoder_norm is not None, mine.decoder_norm is not None) == (encoder_norm, decoder_norm)
+    assert mine.final_norm == (encoder_norm and decoder_norm)
+    src, tgt, src_pad, tgt_pad = batch()
+    with torch.no_grad():
+        expected = _torch_reference(ref, src_embed, tgt_embed, output, src, tgt, src_pad, tgt_pad)
+        torch.testing.assert_close(mine(src, tgt, src_pad=src_pad, tgt_pad=tgt_pad), expected, **F64_TOL)
+        # control: the other choice for either norm changes the logits
+        for name, present in (("encoder_norm", encoder_norm), ("decoder_norm", decoder_norm)):
+            kept = getattr(mine, name)
+            setattr(mine, name, None if present else nn.LayerNorm(D, dtype=f64))
+            with torch.no_grad():
+                if not present:
+                    getattr(mine, name).weight.fill_(1.7)
+            assert (mine(src, tgt, src_pad=src_pad, tgt_pad=tgt_pad) - expected).abs().max() > 1e-3, name
+            setattr(mine, name, kept)
+
+
+def test_from_torch_maps_an_identity_norm_to_none_and_rejects_other_norms():
+    ref = _custom_torch_transformer(False, True, True)
+    emb_s, emb_t = nn.Embedding(SRC_V, D, dtype=f64), nn.Embedding(TGT_V, D, dtype=f64)
+    ref.decoder.norm = nn.Identity()
+    mine = Transformer.from_torch(ref, emb_s, emb_t)
+    assert mine.decoder_norm is None and mine.encoder_norm is not None
+    assert "encoder_norm=True, decoder_norm=False" in repr(mine)
+    ref.decoder.norm = nn.BatchNorm1d(D)
+    with pytest.raises(TypeError, match=r"Transformer.from_torch: `model.decoder.norm` must be"):
+        Transformer.from_torch(ref, emb_s, emb_t)
+    ref.decoder = nn.Linear(D, D)
+    with pytest.raises(TypeError, match=r"Transformer.from_torch: `model.decoder` must be an "
+                                        r"nn.TransformerDecoder"):
+        Transformer.from_torch(ref, emb_s, emb_t)
+
+
 def test_square_subsequent_mask_is_the_seeds_float_mask():
     for t in (1, 4, 9):
         m = nn.Transformer.generate_square_subsequent_mask(t, dtype=f64)
@@ -375,3 +432,57 @@ def test_from_torch_validation():
         Transformer.from_torch(ref, emb, emb, nn.Linear(D, SRC_V))
     with pytest.raises(ValueError, match="as many layers"):
         Transformer.from_torch(nn.Transformer(D, H, 2, 1, DFF), emb, emb)
+
+
+# ------------------------------------------------------------------- public names the book shows
+
+def test_embed_and_memory_step_fn_are_public_and_the_old_names_alias_them():
+    # chapter 10 shows Transformer._embed and Transformer._step: they are the public methods
+    assert Transformer._embed is Transformer.embed and Transformer._step is Transformer.memory_step_fn
+    for fn in (Transformer.embed, Transformer.memory_step_fn):
+        assert fn.__doc__ and not fn.__name__.startswith("_")
+    m = model(positions="learned")
+    src, tgt, src_pad, _ = batch()
+    x = m.embed(tgt, m.tgt_embed, m.tgt_pos, start=2)                    # eq-ch10-embed
+    expected = m.tgt_embed(tgt) * math.sqrt(D) + m.tgt_pos(torch.arange(2, 2 + tgt.shape[1]))
+    torch.testing.assert_close(x, expected, **F64_TOL)
+    assert (m.embed(tgt, m.tgt_embed, m.tgt_pos) - expected).abs().max() > 1e-3   # control: start
+    # memory_step_fn over a batch of memories is batch_step_fn's step
+    memory = m.encode(src, src_pad=src_pad)
+    prefixes = tgt[:, :3]
+    for cache in (True, False):
+        got = m.memory_step_fn(memory, src_pad, shared=False, cache=cache)(prefixes)
+        want = m.batch_step_fn(src, src_pad, cache=cache)(prefixes)
+        torch.testing.assert_close(got, want, **F64_TOL)
+        last = torch.log_softmax(m(src, prefixes, src_pad=src_pad)[:, -1], -1)
+        torch.testing.assert_close(got, last, **F64_TOL)
+
+
+def test_embed_and_memory_step_fn_validation():
+    m = model()
+    src, tgt, src_pad, _ = batch()
+    memory = m.encode(src, src_pad=src_pad)
+    cases = [
+        (lambda: m.embed(tgt, nn.Linear(D, D)), TypeError, r"Transformer.embed: `table` must be an nn.Embedding"),
+        (lambda: m.embed(tgt, m.tgt_embed, m.tgt_embed), ValueError, r"Transformer.embed: `pos_table` is only"),
+        (lambda: m.embed(tgt, m.tgt_embed, start=-1), ValueError, r"Transformer.embed: `start`"),
+        (lambda: m.embed(tgt.float(), m.tgt_embed), TypeError, r"Transformer.embed: `tokens`"),
+        (lambda: m.embed(tgt + TGT_V, m.tgt_embed), ValueError, r"Transformer.embed: `tokens`"),
+        (lambda: m.memory_step_fn(memory, src_pad, shared=True), ValueError,
+         r"Transformer.memory_step_fn: `memory` must be \(1, S"),
+        (lambda: m.memory_step_fn(memory[..., :4], src_pad, shared=False), ValueError,
+         r"Transformer.memory_step_fn: `memory`"),
+        (lambda: m.memory_step_fn(memory.float(), src_pad, shared=False), TypeError,
+         r"Transformer.memory_step_fn: `memory` must have the model's dtype"),
+        (lambda: m.memory_step_fn(memory, src_pad[:, :2], shared=False), ValueError,
+         r"Transformer.memory_step_fn: `src_pad`"),
+        (lambda: m.memory_step_fn(memory, src_pad, shared=1), TypeError, r"Transformer.memory_step_fn: `shared`"),
+        (lambda: m.memory_step_fn(memory, src_pad, shared=False, cache=None), TypeError,
+         r"Transformer.memory_step_fn: `cache`"),
+    ]
+    for call, err, pattern in cases:
+        with pytest.raises(err, match=pattern):
+            call()
+    learned = model(positions="learned")
+    with pytest.raises(TypeError, match=r"Transformer.embed: `pos_table` must be an nn.Embedding"):
+        learned.embed(tgt, learned.tgt_embed)
