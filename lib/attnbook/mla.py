@@ -5,7 +5,8 @@ latent ``c_KV = h W^DKV`` of dim d_latent and expanded per head by ``W^UK``, ``W
 ``k^C = c_KV W^UK``, ``v^C = c_KV W^UV``. RoPE would sit between ``q`` and ``W^UK`` and block
 the absorption below, so position travels in a separate, head-shared key
 ``k^R = RoPE(h W^KR)`` of dim d_rope, and each head's query has a rotated part
-``q^R = RoPE(h W^QR)``: ``score_i(t, j) = (q^C_i . k^C_ij + q^R_i . k^R_j) / sqrt(d_head + d_rope)``.
+``q^R = RoPE(h W^QR)``:
+``score_i(t, j) = (q^C_i . k^C_ij + q^R_i . k^R_j) / sqrt(d_head + d_rope)``.
 The cache holds only ``c_KV`` and ``k^R``: d_latent + d_rope values per token and layer.
 
 Absorbed computation: ``q^C_i . (c_j W^UK_i) = (q^C_i W^UK_i^T) . c_j``, so queries are
@@ -43,7 +44,8 @@ class LatentCache:
         """Append the new positions; return all ``(c_kv, k_rope)``."""
         if self.c_kv is not None:
             if c_kv.shape[0] != self.c_kv.shape[0] or c_kv.shape[2] != self.c_kv.shape[2]:
-                raise ValueError(f"LatentCache.update: new latents {tuple(c_kv.shape)} do not continue "
+                raise ValueError(f"LatentCache.update: new latents {tuple(c_kv.shape)} do not "
+                                 f"continue "
                                  f"the cached {tuple(self.c_kv.shape)} (same B, d_latent)")
             c_kv, k_rope = torch.cat([self.c_kv, c_kv], 1), torch.cat([self.k_rope, k_rope], 1)
         self.c_kv, self.k_rope = c_kv, k_rope
@@ -67,13 +69,15 @@ class MultiHeadLatentAttention(nn.Module):
                  absorb=False, rope_base=10000.0, backend="auto", dtype=None, device=None):
         super().__init__()
         fn = "MultiHeadLatentAttention"
-        d_model, n_heads = check_int("d_model", d_model, fn=fn), check_int("n_heads", n_heads, fn=fn)
+        d_model = check_int("d_model", d_model, fn=fn)
+        n_heads = check_int("n_heads", n_heads, fn=fn)
         self.d_latent = check_int("d_latent", d_latent, fn=fn)
         self.d_rope = check_int("d_rope", d_rope, fn=fn, minimum=2)
         if self.d_rope % 2:
             raise ValueError(f"{fn}: `d_rope` must be even (RoPE rotates pairs), got {d_rope}")
         if d_head is None and d_model % n_heads:
-            raise ValueError(f"{fn}: `d_model` = {d_model} is not divisible by `n_heads` = {n_heads}; "
+            raise ValueError(f"{fn}: `d_model` = {d_model} is not divisible by `n_heads` = "
+                             f"{n_heads}; "
                              f"pass d_head")
         self.d_head = d_model // n_heads if d_head is None else check_int("d_head", d_head, fn=fn)
         self.d_model, self.n_heads = d_model, n_heads
@@ -114,7 +118,7 @@ class MultiHeadLatentAttention(nn.Module):
         b, t, _ = x.shape
         h, dh, dr = self.n_heads, self.d_head, self.d_rope
         past = 0 if cache is None else len(cache)
-        pos = past + torch.arange(t, device=x.device)               # global positions of the new tokens
+        pos = past + torch.arange(t, device=x.device)               # positions of the new tokens
         c_kv = self.down_kv(x)                                      # (B, T, d_latent)
         k_rope = apply_rope(self.rope_k(x), pos, base=self.rope_base)   # (B, T, d_rope)
         if cache is not None:
@@ -130,7 +134,7 @@ class MultiHeadLatentAttention(nn.Module):
         k_r = k_rope[:, None].expand(b, h, tk, dr)                  # shared by every head
         if absorb:
             w_q_lat, w_o_lat = self.absorbed_weights()
-            q_lat = torch.einsum("bhtd,hdc->bhtc", q_c, w_q_lat)    # q^C_i W^UK_i^T (B, H, T, d_latent)
+            q_lat = torch.einsum("bhtd,hdc->bhtc", q_c, w_q_lat)    # q^C_i W^UK_i^T (B, H, T, d_c)
             c = c_kv[:, None].expand(b, h, tk, self.d_latent)       # (B, H, Tk, d_latent)
             o_lat = attention(torch.cat([q_lat, q_r], -1), torch.cat([c, k_r], -1), c, mask=mask,
                               causal=is_causal, scale=scale, backend=self.backend)
@@ -153,7 +157,8 @@ def _check_forward(m, x, causal, cache, absorb) -> bool:
     if x.ndim != 3 or x.shape[-1] != m.d_model:
         raise ValueError(f"{fn}: `x` must be (B, T, d_model = {m.d_model}), got {describe(x)}")
     if x.dtype != m.down_kv.weight.dtype:
-        raise TypeError(f"{fn}: `x` must have the weights' dtype {m.down_kv.weight.dtype}, got {x.dtype}")
+        raise TypeError(f"{fn}: `x` must have the weights' dtype {m.down_kv.weight.dtype}, "
+                        f"got {x.dtype}")
     check_bool("causal", causal, fn=fn)
     if cache is not None and not isinstance(cache, LatentCache):
         raise TypeError(f"{fn}: `cache` must be a LatentCache or None, got {type(cache).__name__}")

@@ -1,4 +1,4 @@
-"""Ring attention over torch.distributed: exact attention with the sequence split across workers (chapter 12).
+"""Ring attention over torch.distributed: a sequence split across workers, exact (chapter 12).
 
 Liu, Zaharia & Abbeel 2023, "Ring Attention with Blockwise Transformers". The sequence is cut
 into P contiguous blocks, one per rank (the first ``T mod P`` blocks one position longer). Each
@@ -46,7 +46,8 @@ def merge_partials(out_a, lse_a, out_b, lse_b):
 
 def split_lengths(t: int, world_size: int) -> list[int]:
     """The block length of each rank: ``T`` cut into ``world_size`` contiguous blocks whose
-    lengths differ by at most one (the first ``T mod P`` are longer), like ``torch.tensor_split``."""
+    lengths differ by at most one (the first ``T mod P`` are longer), as ``torch.tensor_split``
+    cuts."""
     t = check_int("t", t, fn="split_lengths", minimum=0)
     p = check_int("world_size", world_size, fn="split_lengths")
     return [t // p + (r < t % p) for r in range(p)]
@@ -60,7 +61,8 @@ def _block(q, kv, d, q0, k0, causal, scale):
         return q.new_zeros(*q.shape[:-1], v.shape[-1]), q.new_full(q.shape[:-1], float("-inf"))
     mask = None
     if causal:                                                # key j visible iff k0 + j <= q0 + i
-        mask = (k0 + torch.arange(tk, device=q.device)) <= (q0 + torch.arange(tq, device=q.device))[:, None]
+        i, j = q0 + torch.arange(tq, device=q.device), k0 + torch.arange(tk, device=q.device)
+        mask = j <= i[:, None]                                # (tq, tk) global positions
     res = attention_ref(q, k, v, mask=mask, scale=scale)
     return res.out, res.lse
 
@@ -136,7 +138,8 @@ def ring_attention_simulated(q, k, v, *, world_size=2, causal=False, scale=None)
     i.e. rank (r - s - 1) mod P's: the list of blocks stands in for the network, and the loop
     is :func:`ring_attention_local`'s. Args and result as :func:`ring_attention`.
     """
-    scale, causal, world_size = _check_entry(q, k, v, world_size, causal, scale, "ring_attention_simulated")
+    scale, causal, world_size = _check_entry(q, k, v, world_size, causal, scale,
+                                             "ring_attention_simulated")
     lengths = split_lengths(q.shape[2], world_size)
     qs, ks, vs = (t.split(lengths, dim=2) for t in (q, k, v))
     kvs = [torch.cat([kb, vb], -1) for kb, vb in zip(ks, vs)]
@@ -158,7 +161,8 @@ def _worker(rank, world_size, port, q, k, v, causal, scale, out, timeout):
         lengths = split_lengths(q.shape[2], world_size)
         a = sum(lengths[:rank])
         sl = slice(a, a + lengths[rank])
-        res = ring_attention_local(q[:, :, sl], k[:, :, sl], v[:, :, sl], causal=causal, scale=scale)
+        res = ring_attention_local(q[:, :, sl], k[:, :, sl], v[:, :, sl], causal=causal,
+                                   scale=scale)
         out[:, :, sl] = res.out
         dist.barrier()
     finally:
@@ -187,7 +191,8 @@ def ring_attention(q, k, v, *, world_size=2, causal=False, scale=None, timeout=6
     fn = "ring_attention"
     scale, causal, world_size = _check_entry(q, k, v, world_size, causal, scale, fn)
     if q.device.type != "cpu":
-        raise ValueError(f"{fn}: the local processes use the gloo backend on the CPU; got tensors on "
+        raise ValueError(f"{fn}: the local processes use the gloo backend on the CPU; got "
+                         f"tensors on "
                          f"{q.device} (on GPUs run ring_attention_local under torchrun with NCCL)")
     import torch.distributed as dist
     import torch.multiprocessing as mp
