@@ -8,11 +8,14 @@ import pytest
 import torch
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(autouse=True)
 def one_thread():
-    """Tiny models: intra-op threads only add synchronisation on a busy 2-core machine; restored after.
+    """One intra-op thread for every test (the default since issue 30), the count restored after.
 
-    Use with ``pytestmark = pytest.mark.usefixtures("one_thread")``.
+    The tensors are tiny: threads only add synchronisation, and on a busy 2-core machine the
+    gradient checks ran several times slower with torch's default count. A test that needs more
+    threads sets them itself (this fixture restores the count it found). Files that still ask
+    for it with ``pytestmark = pytest.mark.usefixtures("one_thread")`` get the same fixture.
     """
     before = torch.get_num_threads()
     torch.set_num_threads(1)

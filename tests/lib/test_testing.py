@@ -59,3 +59,14 @@ def test_rule_refuses_a_naive_baseline_that_is_not_finite():
 def test_bad_input(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+def test_library_tests_run_on_one_thread_by_default():
+    """tests/conftest.py's autouse fixture (issue 30): gradchecks ran ~7x slower on 2 busy cores."""
+    assert torch.get_num_threads() == 1
+
+
+def test_testing_keeps_fixtures_and_reexports_the_tolerance_names():
+    from attnbook import testing, tolerance
+    assert testing.assert_close_to_reference is tolerance.assert_close_to_reference
+    assert testing.F64_TOL is tolerance.F64_TOL
