@@ -11,10 +11,13 @@ the built HTML), ``nb`` (nbval only), ``html`` (checks on an already built book)
 ``colab`` (refresh badges and setup cells from _config.yml's repository.url, link the first use
 of each glossary term in every chapter, and regenerate the Colab edition colab/),
 ``colab-test [NN ...]`` (run the Colab edition of every chapter, or of the given ones, in a
-simulated Colab runtime), ``bench`` (python -m attnbook.bench), ``experiments [--check [--jobs N]]
-[--only ch08 ...]`` (python -m attnbook.experiments: every empirical claim over seeds 0-4 ->
-benchmarks/EXPERIMENTS.md and .json; --check runs them and fails naming a claim that no
-longer holds, writing nothing), ``clean``.
+simulated Colab runtime), ``bench`` (python -m attnbook.bench),
+``experiments [--check] [--only ch08 ...] [--jobs N]`` (python -m attnbook.experiments: the full sweep, every empirical claim over seeds 0-9 under the native and the portable CPU kernel path
+(ATEN_CPU_CAPABILITY=default; avx2 too where the native path is AVX-512), each path in its own
+process, merged into lib/attnbook/experiments/data/chNN.json and rendered to
+benchmarks/EXPERIMENTS.md; --check re-runs seeds 0-4 under ATEN_CPU_CAPABILITY=default, writes
+nothing and fails naming a claim that no longer holds; --strict also reports drift against rows
+of the same recorded environment; --render only re-renders EXPERIMENTS.md), ``clean``.
 
 Options (environment variables, or --torch-index URL on the command line):
     ATTNBOOK_TORCH_INDEX=URL   install torch from this package index (pip --index-url), e.g. a
@@ -268,7 +271,7 @@ def main(argv: list[str]) -> None:
     elif target == "bench":
         run([PY, "-m", "attnbook.bench", *argv[2:]])
     elif target == "experiments":
-        say("every empirical claim over seeds (python -m attnbook.experiments)")
+        say("every empirical claim over seeds and CPU kernel paths (python -m attnbook.experiments)")
         run([PY, "-m", "attnbook.experiments", *argv[2:]])
     else:
         sys.exit(f"unknown target {target!r}; see: python3 make.py help")
