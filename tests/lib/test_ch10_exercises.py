@@ -20,7 +20,7 @@ def run(name, fn, seed=0):
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         ok = check(name, fn, seed=seed)
-    return ok, buf.getvalue()
+    return bool(ok), buf.getvalue()
 
 
 def torch_smoothed(logits, target, smoothing, pad_id):
@@ -48,12 +48,32 @@ def mask_by_loops(tgt_pad):
                          for r in range(b)])
 
 
-@pytest.mark.parametrize("name,fn", [(NAMES[0], torch_smoothed), (NAMES[0], by_hand),
+@pytest.mark.parametrize("name,fn", [(NAMES[0], by_hand),
                                      (NAMES[1], noam_where), (NAMES[2], mask_by_loops)])
 @pytest.mark.parametrize("seed", (0, 1, 2))
 def test_independent_correct_answers_pass(name, fn, seed):
     ok, text = run(name, fn, seed)
     assert ok, text
+
+
+def test_the_one_call_shortcuts_are_off_limits():
+    """F.cross_entropy(label_smoothing=) gives the right numbers but skips the exercise; the
+    library's own function and the schedule's too. Without label_smoothing it stays allowed."""
+    ok, text = run(NAMES[0], torch_smoothed)
+    assert not ok and "F.cross_entropy(label_smoothing=…)" in text and "不许" in text
+
+    def nll_part_by_torch(logits, target, smoothing, pad_id):  # allowed: no label_smoothing
+        lp = logits.log_softmax(-1)
+        keep = target != pad_id
+        nll = F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=pad_id)
+        smooth = -(lp.mean(-1) * keep).sum() / keep.sum()
+        return (1 - smoothing) * nll + smoothing * smooth
+
+    ok, text = run(NAMES[0], nll_part_by_torch)
+    assert ok, text
+    ok, text = run(NAMES[0], lambda lg, t, s, p: label_smoothed_cross_entropy(
+        lg, t, smoothing=s, pad_id=p))
+    assert not ok and "attnbook.train.label_smoothed_cross_entropy" in text
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -14,7 +14,7 @@ def run(name, fn, seed=0):
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         ok = check(name, fn, seed=seed)
-    return ok, buf.getvalue()
+    return bool(ok), buf.getvalue()
 
 
 def score_einsum(s, H, W_q, W_k, v):  # the library's form: hidden (n, d_a), then v

@@ -17,7 +17,7 @@ def run(name, fn):
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         ok = check(name, fn)
-    return ok, buf.getvalue()
+    return bool(ok), buf.getvalue()
 
 
 @pytest.mark.parametrize("name,fn", [

@@ -22,7 +22,7 @@ def run(name, fn, seed=0):
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         ok = exercises.check(name, fn, seed=seed)
-    return ok, buf.getvalue()
+    return bool(ok), buf.getvalue()
 
 
 def test_the_gallery_is_the_one_tested_here():

@@ -17,7 +17,7 @@ def run(name, fn, **kw):
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         ok = check(name, fn, **kw)
-    return ok, buf.getvalue()
+    return bool(ok), buf.getvalue()
 
 
 def test_transposed_weights_are_rejected():

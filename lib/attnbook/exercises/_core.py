@@ -9,17 +9,23 @@ The wording lives in ``_report``; the topics register their exercises in their o
 from __future__ import annotations
 
 import ast
+import contextlib
 import dis
 import inspect
+import io
+import signal
+import sys
 import textwrap
+import threading
 import zlib
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import torch
 
 from .._checks import check_int
-from ..testing import F64_TOL, max_abs_error, rounding_step
+from ..tolerance import F64_TOL, max_abs_error, rounding_step
 from . import _report
 
 _REGISTRY: dict[str, "Exercise"] = {}
@@ -51,6 +57,10 @@ class Failure:
     index: tuple | None = None
     exc: BaseException | None = None
     want: Any = None   # "wrong_dtype": the dtype (or the tuple of dtypes) the result should have
+    ret: Any = None    # what ``fn`` returned (the whole return value, for multi-output exercises)
+    f32_err: float | None = None  # "value" in float64: the solution's own error run in float32
+    forbidden: tuple = ()  # "forbidden": what ``fn`` called that the exercise rules out
+    n_outputs: int = 1     # how many outputs the exercise expects
 
 
 def _call_plain(fn, args, kwargs):
@@ -115,6 +125,12 @@ class Exercise:
     mutates: bool = False  # True: changing the arguments in place is the task (clipping)
     # result dtypes accepted when a case has no floating input (else: the inputs' dtype)
     dtypes: tuple = (torch.float32, torch.float64)
+    # off limits while ``fn`` runs: (target, label) or (target, label, predicate(args, kwargs));
+    # a target is a Python function (any call of its code is seen, however it was imported) or
+    # a torch function / Tensor method (seen through a TorchFunctionMode). The exercise's own
+    # ``solution`` is always off limits.
+    forbidden: tuple = ()
+    autograd: bool = True  # False: ``fn`` runs in torch.inference_mode, autograd off limits
 
     @property
     def params(self) -> list:
@@ -204,6 +220,8 @@ def _compare(ex: Exercise, case: Case, label: str, got, expected, inputs) -> Fai
     fail = dict(case=case, inputs=inputs, label=label, got=got, expected=expected)
     if not isinstance(got, torch.Tensor):
         return Failure("type", **fail)
+    if got.layout != torch.strided:
+        return Failure("layout", **fail)
     if not (got.is_floating_point() and got.dtype in (torch.float16, torch.bfloat16,
                                                       torch.float32, torch.float64)):
         return Failure("dtype", **fail)
@@ -263,14 +281,19 @@ def _mutated(ex: Exercise, case: Case, args, kwargs, inputs) -> Failure | None:
 
 
 def _hint(ex: Exercise, failure: Failure) -> str:
-    for hint in (lambda f: _report.signature_hint(ex, f), *ex.hints):
-        try:
-            text = hint(failure)
-        except Exception:  # a hint must never hide the report itself
-            text = None
-        if text:
-            return text
-    return _report.generic_hint(failure)
+    _report.set_expected(failure.expected if failure.kind in ("value", "nan", "inf") else None)
+    try:
+        for hint in (lambda f: _report.signature_hint(ex, f), _report.forbidden_hint,
+                     _report.output_count_hint, *ex.hints, _report.precision_hint):
+            try:
+                text = hint(failure)
+            except Exception:  # a hint must never hide the report itself
+                text = None
+            if text:
+                return text
+        return _report.generic_hint(failure)
+    finally:
+        _report.set_expected(None)
 
 
 # --------------------------------------------------------------------------- check
@@ -282,6 +305,208 @@ def _is_stub(ex: Exercise, fn, ret, outputs, case) -> bool:
     return ex.is_stub(ret, outputs, case)
 
 
+# --------------------------------------------------------------------------- running the answer
+TIME_LIMIT = 20.0   # seconds per case; a longer run is stopped and reported
+PRINT_LINES = 20    # at most this many lines of what ``fn`` printed are shown
+_AUTOGRAD = ((torch.autograd.grad, "torch.autograd.grad"),
+             (torch.autograd.backward, "torch.autograd.backward"),
+             (torch.Tensor.backward, "Tensor.backward()"),
+             (torch.autograd.functional.jacobian, "torch.autograd.functional.jacobian"),
+             (torch.autograd.functional.vjp, "torch.autograd.functional.vjp"))
+
+
+class _Timeout(BaseException):
+    """Raised in ``fn`` when a case runs past TIME_LIMIT (a BaseException: ``except Exception``
+    in the reader's code does not swallow it)."""
+
+
+def _codes(obj) -> list:
+    """The code objects whose call means ``obj`` was called (the function and what it wraps)."""
+    out = []
+    seen = set()
+    while obj is not None and id(obj) not in seen:
+        seen.add(id(obj))
+        code = getattr(obj, "__code__", None)
+        if code is None and isinstance(obj, (staticmethod, classmethod)):
+            code = getattr(obj.__func__, "__code__", None)
+        if code is not None:
+            out.append(code)
+        obj = getattr(obj, "__wrapped__", None)
+    return out
+
+
+_HERE = str(Path(__file__).resolve().parent)
+_TORCH = str(Path(torch.__file__).resolve().parent)
+
+
+_LIB = str(Path(__file__).resolve().parent.parent)
+
+
+def _caller_is_package(frame) -> bool:
+    """Whether the call made in ``frame``'s caller chain comes from this package: the first
+    frame above ``frame`` outside torch, contextlib and the rest of the library (whose
+    functions call each other) belongs to the exercises package (a solution, a gallery bug, a
+    runner), not to the reader."""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.startswith(_HERE):
+            return True
+        if not (name.startswith(_TORCH) or name.startswith(_LIB)
+                or name.endswith("contextlib.py")):
+            return False
+        frame = frame.f_back
+    return False
+
+
+class _Recorder(torch.overrides.TorchFunctionMode):
+    """Records calls of the forbidden torch functions while the reader's ``fn`` runs."""
+
+    def __init__(self, targets: dict):
+        super().__init__()
+        self.targets = targets
+        self.hits: list = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        try:
+            entry = self.targets.get(func)
+        except TypeError:  # an unhashable callable
+            entry = None
+        if entry is not None and not _caller_is_package(sys._getframe(1)):
+            label, pred = entry
+            try:
+                hit = pred is None or pred(args, kwargs)
+            except Exception:  # noqa: BLE001  (a predicate never breaks the run)
+                hit = False
+            if hit and label not in self.hits:
+                self.hits.append(label)
+        return func(*args, **kwargs)
+
+
+def _forbidden_tables(ex: "Exercise"):
+    """(code object -> label, torch function -> (label, predicate)) for ``ex``."""
+    entries = [(ex.solution, f"exercises.get({ex.name!r}).solution（本题的参考答案）")]
+    entries += list(ex.forbidden)
+    from ._offlimits import OFF_LIMITS  # noqa: PLC0415  (imports the library's modules)
+    entries += [e for e in OFF_LIMITS.get(ex.name, ()) if e not in ex.forbidden]
+    if not ex.autograd:
+        entries += list(_AUTOGRAD)
+    codes, funcs = {}, {}
+    for entry in entries:
+        target, label = entry[0], entry[1]
+        pred = entry[2] if len(entry) > 2 else None
+        found = _codes(target)
+        if found and pred is None:
+            for code in found:
+                codes.setdefault(code, label)
+        else:
+            funcs[target] = (label, pred)
+    return codes, funcs
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float):
+    """Stop the block after ``seconds`` (main thread with SIGALRM only; elsewhere: no limit)."""
+    usable = (hasattr(signal, "setitimer") and seconds
+              and threading.current_thread() is threading.main_thread())
+    if not usable:
+        yield
+        return
+
+    def stop(signum, frame):
+        raise _Timeout()
+
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _call(ex: "Exercise", fn, args, kwargs, out: io.StringIO):
+    """Run ``fn`` on one case: printed text into ``out``, under the time limit, with the
+    forbidden calls recorded. Returns (ret, outputs, exc, hits); ``exc`` is None or the
+    Exception ``fn`` raised (``_Timeout`` for a case that ran too long)."""
+    codes, funcs = _forbidden_tables(ex)
+    hits: list = []
+    if fn is not ex.solution:  # the forbidden function itself passed as the answer
+        for code in _codes(fn):
+            if code in codes and codes[code] not in hits:
+                hits.append(codes[code])
+        try:
+            if fn in funcs and funcs[fn][1] is None:
+                hits.append(funcs[fn][0])
+        except TypeError:
+            pass
+    recorder = _Recorder(funcs)
+
+    def profile(frame, event, arg):
+        if event == "call":
+            label = codes.get(frame.f_code)
+            if label is not None and label not in hits and not _caller_is_package(frame.f_back):
+                hits.append(label)
+
+    ret, outputs, exc = None, {}, None
+    old_profile = sys.getprofile()
+    grad = torch.inference_mode() if not ex.autograd else contextlib.nullcontext()
+    try:
+        with contextlib.redirect_stdout(out), _time_limit(TIME_LIMIT), grad, recorder:
+            sys.setprofile(profile)
+            try:
+                ret, outputs = ex.run(fn, args, kwargs)
+            finally:
+                sys.setprofile(old_profile)
+    except _Timeout as e:
+        exc = e
+    except Exception as e:  # noqa: BLE001  (the reader's bug is reported, not propagated)
+        exc = e
+    return ret, outputs, exc, hits + [h for h in recorder.hits if h not in hits]
+
+
+def _printed(out: io.StringIO) -> str:
+    """What ``fn`` printed, cut to PRINT_LINES lines (each at most 200 characters)."""
+    text = out.getvalue()
+    if not text:
+        return ""
+    lines = text.rstrip("\n").split("\n")
+    shown = [line if len(line) <= 200 else line[:200] + " …" for line in lines[:PRINT_LINES]]
+    if len(lines) > PRINT_LINES:
+        shown.append(f"……（你的函数一共打印了 {len(lines)} 行，只显示前 {PRINT_LINES} 行）")
+    return "\n".join(shown)
+
+
+class Verdict:
+    """The result of :func:`check`: truthy when every case passed, falsy otherwise.
+
+    It behaves like the bool it stands for (``assert check(...)``, ``not check(...)``,
+    ``any([...])``, ``== True``) and its ``repr`` is ``True`` / ``False``; in IPython it displays
+    nothing, so a cell that ends with ``check(...)`` shows the printed message only."""
+
+    __slots__ = ("ok",)
+
+    def __init__(self, ok: bool):
+        self.ok = bool(ok)
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __eq__(self, other):
+        if isinstance(other, (bool, Verdict)):
+            return self.ok == bool(other)
+        return NotImplemented
+
+    def __hash__(self):
+        return hash(self.ok)
+
+    def __repr__(self) -> str:
+        return repr(self.ok)
+
+    def _ipython_display_(self) -> None:  # the message is already printed
+        return None
+
+
 def _check_seed(seed) -> None:
     if check_int("seed", seed, fn="check", minimum=0) >= 2**32:
         raise ValueError(f"check: `seed` must be an int in [0, 2**32), got {seed}")
@@ -290,15 +515,21 @@ def _check_seed(seed) -> None:
 def check(name: str, fn: Callable, *, seed: int = 0) -> bool:
     """Run exercise ``name``'s hidden cases on the reader's ``fn``; print the verdict in Chinese.
 
-    Returns True when every case passes (after a one-line ✓), else False after explaining the
-    first failing case: its inputs, the position, expected vs got, and a hint naming the
+    Returns a :class:`Verdict`, truthy when every case passes (after a one-line ✓), else falsy
+    after explaining the first failing case: its inputs, the position, expected vs got, and a hint naming the
     mistake's symptom. A wrong answer, a wrong shape/dtype, NaN/inf and an exception raised
     inside ``fn`` are all reported, never raised. So is a result in another dtype than the
     inputs, and a change ``fn`` makes to its arguments in place (the caller's tensors). A stub
     counts as "还没有实现": on the first case ``fn`` raises NotImplementedError, returns
     ``NotImplemented``, or returns None from a body that does nothing (``...``, ``pass``); a
     body with code that returns None is told it forgot ``return`` (exercises that change
-    their arguments in place refine this: see their ``is_stub``).
+    their arguments in place refine this: see their ``is_stub``). An answer that calls what the
+    exercise rules out (``Exercise.forbidden``: the library's own implementation, torch's
+    one-call equivalent; always the exercise's ``solution``) is rejected, naming the call. Each
+    case runs under a time limit (``TIME_LIMIT`` seconds, where SIGALRM exists); what ``fn``
+    prints is captured and shown, cut, before the verdict; an unusual return (sparse, complex,
+    meta, a list, a tuple of the wrong length) is reported, never raised. Interrupting the
+    kernel (KeyboardInterrupt) stops ``check`` itself.
 
     Args:
         name: an exercise from :func:`names`, e.g. ``"ch04.masked_softmax"``.
@@ -314,33 +545,64 @@ def check(name: str, fn: Callable, *, seed: int = 0) -> bool:
                         f"result), got {type(fn).__name__}")
     _check_seed(seed)
     cases = ex.cases(seed)
+    printed = io.StringIO()
+    verdict = None
     for i, case in enumerate(cases):
         inputs = named_inputs(ex, case)
         expected = {key: val.detach().double()
                     for key, val in _run(ex, ex.solution, case, torch.float64)[1].items()}
-        args, kwargs = _fresh(case.args), _fresh(dict(case.kwargs))
-        try:
-            ret, outputs = ex.run(fn, args, kwargs)
-        except NotImplementedError as exc:
-            if i == 0:
-                print(_report.stub(ex))
-                return False
-            failure = Failure("exception", case=case, inputs=inputs, exc=exc)
-        except Exception as exc:  # the reader's bug is reported, not propagated
-            failure = Failure("exception", case=case, inputs=inputs, exc=exc)
+        if ex.autograd:
+            args, kwargs = _fresh(case.args), _fresh(dict(case.kwargs))
         else:
-            if i == 0 and _is_stub(ex, fn, ret, outputs, case):
-                print(_report.stub(ex))
-                return False
-            failure = None
+            with torch.inference_mode():
+                args, kwargs = _fresh(case.args), _fresh(dict(case.kwargs))
+        ret, outputs, exc, hits = _call(ex, fn, args, kwargs, printed)
+        failure = None
+        if hits:
+            failure = Failure("forbidden", case=case, inputs=inputs, forbidden=tuple(hits))
+        elif isinstance(exc, NotImplementedError) and i == 0:
+            verdict = (_report.stub(ex), False)
+        elif exc is not None:
+            failure = Failure("exception", case=case, inputs=inputs, exc=exc)
+        elif i == 0 and _is_stub(ex, fn, ret, outputs, case):
+            verdict = (_report.stub(ex), False)
+        else:
             for label, exp in expected.items():
-                failure = _compare(ex, case, label, outputs.get(label), exp, inputs)
+                try:
+                    failure = _compare(ex, case, label, outputs.get(label), exp, inputs)
+                except Exception:  # noqa: BLE001  (an exotic return value: reported)
+                    failure = Failure("type", case=case, inputs=inputs, label=label,
+                                      got=outputs.get(label), expected=exp)
                 if failure is not None:
+                    failure.ret = ret
+                    failure.n_outputs = len(expected)
                     break
             if failure is None:
                 failure = _mutated(ex, case, args, kwargs, inputs)
         if failure is not None:
-            print(_report.explain(ex, failure, i, len(cases), _hint(ex, failure)))
-            return False
-    print(_report.passed(ex, len(cases)))
-    return True
+            if failure.kind == "value" and failure.got.dtype == torch.float64:
+                failure.f32_err = _f32_error(ex, case, failure.label, failure.expected)
+            verdict = (_report.explain(ex, failure, i, len(cases), _hint(ex, failure)), False)
+        if verdict is not None:
+            break
+    if verdict is None:
+        verdict = (_report.passed(ex, len(cases)), True)
+    shown = _printed(printed)
+    if shown:
+        print(_report.printed_header())
+        print(shown)
+    print(verdict[0])
+    return Verdict(verdict[1])
+
+
+def _f32_error(ex: Exercise, case: Case, label: str, expected) -> float | None:
+    """The error of the solution itself when its floating inputs are float32, and at least
+    float32's rounding of the expected values: the size a float32 intermediate would give."""
+    try:
+        naive = _run(ex, ex.solution, case, torch.float32)[1][label].detach().double()
+        err = float((naive - expected).abs().nan_to_num(0.0, 0.0, 0.0).max())
+    except Exception:  # noqa: BLE001
+        err = 0.0
+    finite = expected[torch.isfinite(expected)]
+    scale = float(finite.abs().max()) if finite.numel() else 0.0
+    return max(err, torch.finfo(torch.float32).eps * scale)

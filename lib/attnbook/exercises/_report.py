@@ -59,9 +59,30 @@ def _wrapped(lines) -> str:
     return "\n".join(piece for line in lines for piece in wrap(line))
 
 
+_EXPECTED = [None]  # the failing case's right answer while the hints run (set by check)
+
+
+def set_expected(expected) -> None:
+    """Tell :func:`close` and :func:`nearest` the right answer of the case being explained."""
+    _EXPECTED[0] = expected
+
+
+def _same_as_expected(alt) -> bool:
+    """Whether a bug's output equals the right answer on this case (it cannot be told apart)."""
+    exp = _EXPECTED[0]
+    if not isinstance(exp, torch.Tensor) or not isinstance(alt, torch.Tensor) \
+            or tuple(exp.shape) != tuple(alt.shape):
+        return False
+    return bool(torch.allclose(alt.detach().double(), exp.double(), rtol=1e-9, atol=1e-12,
+                               equal_nan=True))
+
+
 def close(got, alt, rtol=1e-3, atol=1e-5) -> bool:
-    """Whether ``got`` equals an alternative (wrong) result ``alt``: used to recognise a bug."""
+    """Whether ``got`` equals an alternative (wrong) result ``alt``: used to recognise a bug.
+    A bug whose output equals the right answer on this case is never recognised."""
     if not isinstance(got, torch.Tensor) or alt is None or tuple(got.shape) != tuple(alt.shape):
+        return False
+    if _same_as_expected(alt):
         return False
     return bool(torch.allclose(got.detach().double(), alt.double(), rtol=rtol, atol=atol,
                                equal_nan=True))
@@ -79,7 +100,7 @@ def nearest(got, expected, alternatives):
     ref = float((g - expected).abs().max())
     best = None
     for text, alt in alternatives:
-        if alt is None or tuple(alt.shape) != tuple(g.shape):
+        if alt is None or tuple(alt.shape) != tuple(g.shape) or _same_as_expected(alt):
             continue
         err = float((g - alt.double()).abs().max())
         if err < 0.1 * ref and (best is None or err < best[0]):
@@ -170,8 +191,21 @@ def _where(f) -> list:
     return lines
 
 
+def printed_header() -> str:
+    return "（你的函数打印的内容：）"
+
+
 def _problem(f) -> list:
     what = f"`{f.label}` " if f.label != "返回值" else "返回值"
+    if f.kind == "forbidden":
+        return [f"你的函数调用了本题不许用的 {'、'.join(f.forbidden)}：这一题要你自己写出"
+                "这一步。"]
+    if f.kind == "layout":
+        return [f"{what}是 {str(f.got.layout).replace('torch.', '')} 布局的张量，应是普通的"
+                "稠密张量（strided）。"]
+    if f.kind == "exception" and type(f.exc).__name__ == "_Timeout":
+        return ["你的函数在这一例上运行太久，被停下了（每例的时间上限是几十秒，正确的写法"
+                "不到一秒）。"]
     if f.kind == "mutated":
         if f.index is None:
             return [f"你的函数原地修改了输入 `{f.label}`：调用之后它的形状或 dtype 变了。"]
@@ -189,7 +223,7 @@ def _problem(f) -> list:
     if f.kind == "type":
         return [f"{what}应是 torch.Tensor，得到的是 {type(f.got).__name__}。"]
     if f.kind == "dtype":
-        return [f"{what}应是浮点张量（float32 或 float64），得到的 dtype 是 "
+        return [f"{what}应是实数浮点张量（float16、bfloat16、float32 或 float64），得到的 dtype 是 "
                 f"{str(f.got.dtype).replace('torch.', '')}。"]
     if f.kind == "device":
         return [f"{what}是 meta 设备上的张量（只有形状，没有数值），应和输入一样放在 CPU 上。"]
@@ -213,6 +247,36 @@ def signature_hint(ex, f) -> str | None:
             "参数；带默认值的参数也要保留默认值）。")
 
 
+def forbidden_hint(f) -> str | None:
+    if f.kind != "forbidden":
+        return None
+    return ("题目不许调用这些现成的实现：它们替你做了本题要练习的那一步。用基本的张量运算"
+            "（+、*、@、exp、sum、amax、torch.where …）自己写出来。")
+
+
+def output_count_hint(f) -> str | None:
+    """A multi-output exercise whose answer returned another number of values."""
+    if f.kind != "type" or f.got is not None or f.n_outputs < 2 or f.ret is None:
+        return None
+    if isinstance(f.ret, (tuple, list)):
+        return (f"应返回 {f.n_outputs} 个值组成的元组，你的函数返回了 {len(f.ret)} 个："
+                f"缺少 `{f.label}`（或者顺序、个数不对）。")
+    return (f"应返回 {f.n_outputs} 个值组成的元组（return a, b, …），你的函数只返回了一个 "
+            f"{type(f.ret).__name__}：缺少 `{f.label}`。")
+
+
+def precision_hint(f) -> str | None:
+    """"Looks like float32" only when the error is the size float32 rounding would give."""
+    if f.kind != "value" or f.got is None or f.got.dtype != torch.float64 or not f.f32_err:
+        return None
+    err = float((f.got.double() - f.expected).abs().nan_to_num(0.0, 0.0, 0.0).max())
+    if f.f32_err / 30 <= err <= 30 * f.f32_err:
+        return (f"差别很小（最大约 {err:.1e}，正是 float32 舍入误差的大小）：像是中间某一步用了 "
+                "float32 或 float16；float64 的输入请全程用 float64 计算（不要写死 "
+                "dtype=torch.float32，也不要 .float()；torch.arange 要写 dtype=x.dtype）。")
+    return None
+
+
 def generic_hint(f) -> str:
     """The fallback hint for each kind of failure."""
     if f.kind == "mutated":
@@ -222,21 +286,30 @@ def generic_hint(f) -> str:
                 "非改不可就先 .clone()。")
     if f.kind == "wrong_dtype":
         if not isinstance(f.want, torch.dtype):
+            if tuple(f.want) == (torch.float64,):
+                return ("题目要的是 float64 的结果：全程用 float64 计算（torch.arange(..., "
+                        "dtype=torch.float64)），float32 的表在大位置上只有约 7 位有效数字。")
             return "用 float32 或 float64 计算并返回（float16 只有约 3 位有效数字）。"
         if f.want == torch.float64:
             return ("float64 的输入要全程用 float64 计算并返回：不要写死 dtype=torch.float32，"
                     "也不要 .float()。")
         return (f"为了精度把 {_dtype(f.want)} 的输入放到更高的精度里算没有问题，但最后要用 "
                 f".to(输入.dtype) 转回 {_dtype(f.want)}：后面的 `@ v` 要求两边的 dtype 相同。")
+    if f.kind == "exception" and type(f.exc).__name__ == "_Timeout":
+        return "检查循环的结束条件（例如 while 里的变量有没有更新）。"
     if f.kind == "exception":
         return "先用这一例的形状在单元里单独调用你的函数，看看是哪一行出错。"
     if f.kind == "type":
         if f.got is None:
             return "函数没有返回任何东西：是不是忘了 `return`？"
-        if isinstance(f.got, tuple):
-            return "只返回一个张量，不要返回元组（例如 (输出, 权重)）。"
+        if isinstance(f.got, (tuple, list)):
+            return "只返回一个张量，不要返回元组或列表（例如 (输出, 权重)）。"
         return "用 torch 的运算计算并返回一个张量（不要转成 numpy 或 Python 数）。"
+    if f.kind == "layout":
+        return "返回普通的稠密张量：稀疏张量先 .to_dense()。"
     if f.kind == "dtype":
+        if f.got.is_complex():
+            return "结果应是实数：复数只能做中间步骤，返回前取 .real（或 torch.view_as_real）。"
         return "整数或布尔张量做不了 softmax 这类运算：检查是不是把掩码当成了结果返回。"
     if f.kind == "shape":
         g, e = tuple(f.got.shape), tuple(f.expected.shape)
@@ -247,11 +320,8 @@ def generic_hint(f) -> str:
         return "NaN 通常来自 0/0、inf − inf 或 log(0)：检查分母和被减去的最大值。"
     if f.kind == "inf":
         return "inf 通常来自 exp 的溢出或除以 0：先减去最大值，分母不能为 0。"
-    if f.kind == "value" and f.got.dtype == torch.float64:
-        err = float((f.got - f.expected).abs().max())
-        if err < 1e-3 * max(1.0, float(f.expected.abs().max())):
-            return (f"差别很小（最大约 {err:.1e}）：像是中间某一步用了 float32 或 float16；"
-                    "float64 的输入请全程用 float64 计算（不要写死 dtype=torch.float32，也不要 .float()）。")
+    if f.kind == "exception" and type(f.exc).__name__ == "_Timeout":
+        return "检查循环的结束条件（例如 while 里的变量有没有更新）。"
     return "对照这一行的期望值和你的值，把这个小例子手算一遍。"
 
 

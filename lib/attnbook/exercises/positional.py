@@ -14,7 +14,7 @@ import torch
 
 from ..positional import sinusoidal_encoding
 from ._core import Case, Exercise, register
-from ._report import close
+from ._report import close, precision_hint
 
 
 def sinusoidal(n_positions, d_model):
@@ -99,9 +99,15 @@ def _hint(f):
         omega = math.asin(max(-1.0, min(1.0, float(f.got[1, 2]))))
         base = omega ** (-d / 2) if 0 < omega < 1 else None
         if base and abs(base - 1e4) > 1 and close(f.got, _base(n, d, base), atol=1e-3):
+            if abs(base - 100) < 0.5:
+                return ("指数应是 2i/d（i 是第几对，2i 是这一对的偶数列号）：ω_i = 10000^(−2i/d)；"
+                        "你的结果像是 10000^(−i/d)，少了那个 2（等价于底数 100）。")
+            if abs(base - 1) < 1e-6:
+                return ("你的频率全是 1：指数 2i/d 像是用了整数除法（//），结果都是 0。"
+                        "用浮点数计算指数：torch.arange(0, d, 2, dtype=torch.float64) / d。")
             return (f"频率的底数应是 10000：ω_i = 10000^(−2i/d)；你的结果像是用了 {base:.6g}。"
                     "第 0、1 列（i = 0，ω_0 = 1）与底数无关，所以从第 2 列开始不同。")
-    return "逐列检查：第 2i 列是 sin(p / 10000^(2i/d))，第 2i+1 列是 cos(p / 10000^(2i/d))。"
+    return precision_hint(f) or "逐列检查：第 2i 列是 sin(p / 10000^(2i/d))，第 2i+1 列是 cos(p / 10000^(2i/d))。"
 
 
 def _low_atol(case, dtype):
@@ -110,4 +116,4 @@ def _low_atol(case, dtype):
 
 
 register(Exercise("ch06.sinusoidal", "正弦位置编码", sinusoidal, BUGS, _cases, (_hint,),
-                  low_atol=_low_atol))
+                  low_atol=_low_atol, dtypes=(torch.float64,)))
