@@ -258,6 +258,12 @@ def attention(q, k, v, *, mask=None, causal=False, scale=None, backend: str = "a
 
     float16/bfloat16: every backend computes in float32 and returns the input dtype ("ref"
     included: its materialised float16 scores overflowed past 65504).
+
+    The log-sum-exp: ``attention`` returns ``out`` only. The kernels behind it return
+    ``AttentionResult(out, lse, weights)``, and the one rule for their ``lse`` is that it is
+    differentiable (a loss on it sends gradients to q, k and a float mask) in
+    ``attention_tiled`` and ``attention_triton``; ``attention_ref``'s follows the same rule
+    once its ``lse`` is no longer detached (tracked in issue 30).
     """
     check_choice("backend", backend, ("auto", *BACKENDS), fn="attention")
     scale = check_attention_args(q, k, v, mask, scale, fn="attention")

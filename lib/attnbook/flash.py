@@ -28,7 +28,8 @@ from ._checks import attention_kernel, check_bool, check_int, check_tensor
 from ._policy import DOUBLE_BACKWARD_ERROR, at_least_2d, propagate_nonfinite_tiled
 from .reference import AttentionResult, has_nonfinite
 
-__all__ = ["attention_tiled", "default_blocks", "online_softmax", "tile_schedule"]
+__all__ = ["attention_tiled", "default_blocks", "online_softmax", "tiled_backward", "tile_schedule",
+           "tiled_forward"]
 
 LOG2E = 1.0 / math.log(2.0)  # exp(x) = 2 ** (x * LOG2E)
 LN2 = math.log(2.0)
@@ -122,8 +123,8 @@ def _mask_tile(s, masks, lead, i0, j0, causal):
         s.masked_fill_(above, NEG_INF)
 
 
-def _forward(q, k, v, masks, lead, causal, block_q, block_k):
-    """FlashAttention-2 forward.
+def tiled_forward(q, k, v, masks, lead, causal, block_q, block_k):
+    """FlashAttention-2 forward over tiles (chapter 09; inside :func:`attention_tiled`).
 
     q (G, Tq, D) pre-scaled by scale*log2(e), k (G, Tk, D), v (G, Tk, Dv).
 
@@ -169,11 +170,13 @@ def _forward(q, k, v, masks, lead, causal, block_q, block_k):
     return out, row_max, row_sum  # (G, Tq, Dv), (G, Tq), (G, Tq)
 
 
-def _backward(q, k, v, out, row_max, row_sum, dout, masks, lead, causal, scale,
-              block_q, block_k, dmask=None):
-    """FlashAttention-2 backward: recompute P_ij = 2^(S_ij - m_i) / l_i tile by tile.
+def tiled_backward(q, k, v, out, row_max, row_sum, dout, masks, lead, causal, scale,
+                   block_q, block_k, dmask=None, dlse=None):
+    """FlashAttention-2 backward (chapter 09): recompute P_ij = 2^(S_ij - m_i) / l_i.
 
-    Shapes as ``_forward``.
+    Tile by tile. Shapes as ``tiled_forward``; ``dlse`` (G, Tq) or None is the gradient
+    reaching the log-sum-exp: since d lse_i / d S_ij = P_ij, it enters as D_i - dlse_i
+    (as in the Triton kernel).
 
     q here is the unscaled query; returns dq, dk, dv in the compute dtype. If ``dmask``
     (G, Tq, Tk) is given, the score gradients dS_ij (the gradient of an additive mask)
@@ -201,6 +204,8 @@ def _backward(q, k, v, out, row_max, row_sum, dout, masks, lead, causal, scale,
     dout = dout * inv_l  # dO_i / l_i  (G, Tq, Dv)
     # -D_i / l_i, D_i = rowsum(dO_i * O_i)  (G, Tq, 1)
     neg_delta = -(dout * out).sum(-1, keepdim=True)
+    if dlse is not None:  # lse_i depends on S_ij through P_ij: -(D_i - dlse_i) / l_i
+        neg_delta = neg_delta + torch.where(inv_l > 0, dlse.unsqueeze(-1) * inv_l, 0.0)
     dq = [q.new_zeros((g, min(block_q, tq - i0), q.shape[-1]))
           for i0 in range(0, tq, block_q)]
     dks, dvs = [], []
@@ -237,6 +242,9 @@ def _backward(q, k, v, out, row_max, row_sum, dout, masks, lead, causal, scale,
     dk = torch.cat(dks, 1) if dks else k.new_zeros(k.shape)
     dv = torch.cat(dvs, 1) if dvs else v.new_zeros(v.shape)
     return dq, dk, dv
+
+
+_forward, _backward = tiled_forward, tiled_backward  # the names chapter 09 showed before issue 30
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -280,16 +288,15 @@ class _TiledAttention(torch.autograd.Function):
         lead, tq, tk = tuple(q.shape[:-2]), q.shape[-2], k.shape[-2]
         q3, k3, v3 = _flatten(q, cdt), _flatten(k, cdt), _flatten(v, cdt)  # (G, T, D)
         masks = _split_mask(mask, tq, tk, cdt)
-        out, row_max, row_sum = _forward(q3 * (scale * LOG2E), k3, v3, masks, lead, causal, block_q, block_k)
+        out, row_max, row_sum = tiled_forward(q3 * (scale * LOG2E), k3, v3, masks, lead, causal, block_q, block_k)
         out = out.reshape(*lead, tq, v.shape[-1])  # (..., Tq, Dv)
         lse = ((row_max + torch.log2(row_sum)) * LN2).reshape(*lead, tq)  # natural log (..., Tq); empty row: -inf
         ctx.save_for_backward(q, k, v, out, row_max, row_sum, mask)
         ctx.config = (causal, scale, block_q, block_k)
-        ctx.mark_non_differentiable(lse)
         return out.to(q.dtype), lse
 
     @staticmethod
-    def backward(ctx, dout, _dlse):
+    def backward(ctx, dout, dlse):
         if torch.is_grad_enabled():  # create_graph=True: a second derivative is being asked for
             raise RuntimeError(DOUBLE_BACKWARD_ERROR.format(fn="attention_tiled"))
         q, k, v, out, row_max, row_sum, mask = ctx.saved_tensors
@@ -301,9 +308,11 @@ class _TiledAttention(torch.autograd.Function):
         if math.prod(lead) * tq * tk == 0:  # nothing was attended: every gradient is 0
             dq, dk, dv = q.new_zeros(q.shape), k.new_zeros(k.shape), v.new_zeros(v.shape)
         else:
-            dq, dk, dv = _backward(
+            dlse = None if dlse is None else dlse.reshape(-1, tq).to(cdt)  # (G, Tq)
+            dq, dk, dv = tiled_backward(
                 _flatten(q, cdt), _flatten(k, cdt), _flatten(v, cdt), _flatten(out, cdt), row_max, row_sum,
                 _flatten(dout, cdt), _split_mask(mask, tq, tk, cdt), lead, causal, scale, block_q, block_k, dmask,
+                dlse,
             )
         if dmask is not None:  # summed over the dims the mask was broadcast along
             dmask = dmask.reshape(*lead, tq, tk).sum_to_size(mask.shape).to(mask.dtype)
@@ -346,9 +355,10 @@ def attention_tiled(q, k, v, *, mask=None, causal=False, scale=None, block_q=Non
     Returns:
         :class:`~attnbook.reference.AttentionResult` ``(out, lse, weights=None)``:
         ``out`` ``(..., Tq, Dv)`` in the input dtype and the natural-log log-sum-exp
-        ``lse (..., Tq)`` in the compute dtype (not differentiable). A query row with no
-        allowed key gets ``out = 0``, ``lse = -inf`` and zero gradients; a key the mask
-        hides never reaches the output, even if its k or v holds NaN / inf. First
+        ``lse (..., Tq)`` in the compute dtype (differentiable, the rule of every
+        kernel: see ``attnbook.attention``). A query row with no allowed key gets
+        ``out = 0``, ``lse = -inf`` and zero gradients; a key the mask hides never
+        reaches the output, even if its k or v holds NaN / inf. First
         derivatives only: a double backward (``create_graph=True``) raises a
         RuntimeError.
         Arguments are validated by ``@attention_kernel``, which also resolves ``scale``.

@@ -374,7 +374,7 @@ def test_gradients_match_autograd_through_reference(name, causal):
     mask = make_mask("bool", b, h, tq, tk)
     res = attention_tiled(q, k, v, mask=mask, causal=causal, block_q=bq, block_k=bk)
     out, lse = res.out, res.lse
-    assert not lse.requires_grad  # the log-sum-exp is a by-product, not differentiable
+    assert lse.requires_grad  # issue 30: the log-sum-exp carries gradients in every kernel
     ref = attention_ref(q, k, v, mask=mask, causal=causal).out
     g = rand(*out.shape, seed=11)
     for a, r in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
@@ -488,3 +488,46 @@ def test_runs_on_cuda():
     out, lse = res.out, res.lse
     assert out.device.type == "cuda" and lse.device.type == "cuda"
     torch.testing.assert_close(out.cpu(), attention_ref(q, k, v, mask=mask, causal=True).out, **F64)
+
+
+# ------------------------------------------------------------------ issue 30: lse has a gradient
+def test_tiled_lse_is_differentiable_and_matches_the_oracle():
+    """One rule for every kernel: lse carries gradients (Triton's did, tiled's was detached)."""
+    from attnbook.testing import lse_ref
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 7, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    bias = torch.randn(1, 1, 7, 7, generator=g, dtype=torch.float64)
+    w_out = torch.randn(1, 2, 7, 4, generator=g, dtype=torch.float64)
+    w_lse = torch.randn(1, 2, 7, generator=g, dtype=torch.float64)
+
+    def loss(res):
+        return (res.out * w_out).sum() + (res.lse * w_lse).sum()
+
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, bias)]
+    res = attention_tiled(*leaves[:3], mask=leaves[3], causal=True, block_q=3, block_k=2)
+    assert res.lse.requires_grad
+    got = torch.autograd.grad(loss(res), leaves)
+    oracle = [t.clone().requires_grad_() for t in (q, k, v, bias)]
+    out = attention_ref(*oracle[:3], mask=oracle[3], causal=True).out
+    lse = lse_ref(*oracle[:2], mask=oracle[3], causal=True)
+    want = torch.autograd.grad((out * w_out).sum() + (lse * w_lse).sum(), oracle)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    assert torch.autograd.gradcheck(
+        lambda *t: attention_tiled(*t, causal=True, block_q=3, block_k=2).lse,
+        tuple(t.clone().requires_grad_() for t in (q, k, v)))
+
+
+def test_tiled_lse_gradient_of_an_empty_row_is_zero():
+    q, k, v = (torch.randn(1, 1, 3, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    mask = torch.tensor([[True, True, False], [False, False, False], [True, False, True]])
+    res = attention_tiled(q, k, v, mask=mask)
+    assert torch.isneginf(res.lse[0, 0, 1])
+    dq, = torch.autograd.grad(res.lse.masked_fill(torch.isinf(res.lse), 0.0).sum(), q)
+    assert torch.isfinite(dq).all() and not dq[0, 0, 1].any()
+
+
+def test_the_shown_tile_functions_have_public_names_and_old_aliases():
+    from attnbook import flash
+    assert flash._forward is flash.tiled_forward and flash._backward is flash.tiled_backward
+    assert {"tiled_forward", "tiled_backward"} <= set(flash.__all__)
