@@ -187,7 +187,10 @@ _FAIR = ("parameter-matched (RNN d_h = 64: 5,248 recurrent parameters; GRU d_h =
 register("ch01.gru_T20", chapter="01", run=run_sweep,
          rule=Gt("best_gru_T20", 0.95),
          overall=(Rate(Lt("best_rnn_T20", 0.95), at_least=0.6), Median(Gt("best_gap_T20", 0))),
-         notes="Restated 2026-12-05: 'the parameter-matched RNN stays below 0.95 on every seed' fails on another CPU (seed 0: 0.89 on the Xeon, 1.00 on EPYC AVX2); it is a rate: the RNN stays below 0.95 on at least 60 % of the runs, the GRU reaches 0.95 on every run, and the median gap is positive.",
+         notes="Restated 2026-12-05: 'the parameter-matched RNN stays below 0.95 on every "
+               "seed' fails on another CPU (seed 0: 0.89 on the Xeon, 1.00 on EPYC AVX2); it "
+               "is a rate: the RNN stays below 0.95 on at least 60 % of the runs, the GRU "
+               "reaches 0.95 on every run, and the median gap is positive.",
          claim="T = 20、各取两个学习率中较好的一个：GRU 在每次运行上都学会了回忆第一个"
                "词元；参数匹配的普通 RNN 在多数运行上没有学会（达到 0.95 的是少数），"
                "两者之差的中位数为正",
@@ -202,7 +205,9 @@ register("ch01.T50_unsolved", chapter="01", run=run_sweep,
          rule=Lt("best_rnn_T50", 0.9),
          overall=(Rate(Gt("best_rnn_T50", 0.15), at_least=0.8),
                   Rate(Lt("best_gru_T50", 0.2), at_least=0.6)),
-         notes="Restated 2026-12-05 after the 10-seed x 3-environment sweep: 'best_rnn_T50 > 0.15 on every seed' fails on 2 of 25 runs (0.128); it is now a rate (at least 80 % of the runs).",
+         notes="Restated 2026-12-05 after the 10-seed x 3-environment sweep: 'best_rnn_T50 > "
+               "0.15 on every seed' fails on 2 of 25 runs (0.128); it is now a rate (at least "
+               "80 % of the runs).",
          claim="T = 50、300 步：两个模型都没有稳定地学会；参数匹配的 RNN 从未达到"
                " 0.9，在绝大多数运行上高于随机猜测；GRU 在多数运行上停在随机猜测附近",
          quoted=("best_rnn_T50", "best_gru_T50"))
@@ -212,7 +217,8 @@ register("ch01.gru_keeps", chapter="01", run=run_sweep,
                "从第 T 步传回第 1 步的梯度比大于 0.1",
          quoted=("gru_u_median_T20", "gru_ratio_T20"))
 register("ch01.clipping_rescues", chapter="01", run=run_clipping,
-         rule=All(Lt("clip_loss", "noclip_loss", offset=-0.3), Gt("clip_acc", "noclip_acc", offset=0.2),
+         rule=All(Lt("clip_loss", "noclip_loss", offset=-0.3), Gt("clip_acc", "noclip_acc",
+                  offset=0.2),
                   Gt("noclip_max_grad", 1)),
          overall=(Rate(Lt("noclip_acc", 0.3), at_least=0.6),),
          notes="RNN d_h = 32, W_hh = 1.5 Q, plain SGD lr 0.3, 150 steps, T = 20; the same run with "

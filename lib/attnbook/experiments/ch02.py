@@ -144,7 +144,8 @@ def run_search_rates(seed: int) -> dict:
 
 
 register("ch02.bottleneck", chapter="02", run=run_bottleneck,
-         rule=All(Gt("em_3", 0.9), Lt("em_12", 0.1), Gt("tf_drop", 0.2), Gt("tf_12", "greedy_12", offset=0.05)),
+         rule=All(Gt("em_3", 0.9), Lt("em_12", 0.1), Gt("tf_drop", 0.2), Gt("tf_12", "greedy_12",
+                  offset=0.05)),
          claim="不带注意力的 GRU seq2seq（反转任务，源长 3–12，300 步）：短句几乎全对、长句整句几乎全错，"
                "强制教学下的词元准确率也随长度下降，且高于贪心解码（喂自己的输出）",
          quoted=("em_8", "em_12", "tf_12", "greedy_12", "loss"), fmt=".2f")

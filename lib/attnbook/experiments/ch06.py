@@ -256,12 +256,14 @@ register("ch06.length", chapter="06", run=run_length,
          quoted=("sinusoidal_far", "rope_mid", "rope_far", "rope_first_below_half", "alibi_far",
                  "none_seen", "none_far"))
 register("ch06.length_controls", chapter="06", run=run_length,
-         rule=All(Gt("rope_window_far", 0.95), Gt("sin_offset_far", "sinusoidal_far", offset=0.5)), notes=_BUDGET,
+         rule=All(Gt("rope_window_far", 0.95), Gt("sin_offset_far", "sinusoidal_far",
+                  offset=0.5)), notes=_BUDGET,
          claim="两个因果对照：测试时把 RoPE 模型距离 ≥ 16 的键屏蔽掉，32–63 的准确率回到接近 1；"
                "正弦编码改用随机偏移 0–48 训练（见过 PE(16…63)），32–63 的准确率回升到接近 1",
          quoted=("rope_window_far", "sin_offset_far"))
 register("ch06.rope_stretch", chapter="06", run=run_length,
-         rule=All(Lt("rope_pi_seen", 0.5), Gt("rope_ntk_seen", 0.95), Gt("rope_ntk_far", "rope_far", offset=0.3)), notes=_BUDGET,
+         rule=All(Lt("rope_pi_seen", 0.5), Gt("rope_ntk_seen", 0.95), Gt("rope_ntk_far",
+                  "rope_far", offset=0.3)), notes=_BUDGET,
          claim="不再训练、直接在长度 64 上测试 RoPE 模型：位置插值（位置除以 4）连见过的长度都做不好，"
                "NTK 式放大底数保住见过的长度，32–63 远好于原样外推",
          quoted=("rope_pi_seen", "rope_ntk_seen", "rope_ntk_far"))

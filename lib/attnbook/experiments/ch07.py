@@ -281,7 +281,8 @@ def run_ratios(seed: int) -> dict:
 LN2 = math.log(2)
 
 register("ch07.xor", chapter="07", run=run_xor,
-         rule=All(Lt("one_att_identity", 1e-10), Gt("one_att_loss", LN2 - 1e-9), Gt("one_ffn_correct", 3.5),
+         rule=All(Lt("one_att_identity", 1e-10), Gt("one_att_loss", LN2 - 1e-9),
+                  Gt("one_ffn_correct", 3.5),
                   Lt("one_ffn_loss", 0.05), Gt("two_att_correct", 3.5), Lt("two_att_loss", 0.05)),
          claim="一个位置上，只有注意力的模型停在 ln 2（四个 logit 满足仿射恒等式），每层加 FFN 后 200 步分对 4 个；"
                "两个比特放在两个位置上时，只有注意力也能 300 步分对 4 个",
@@ -298,10 +299,13 @@ register("ch07.activations", chapter="07", run=run_activations,
                   Lt("swiglu_loss", "none_loss", scale=1 / 5),
                   Lt("swiglu_loss", "gelu_loss"), Lt("swiglu_loss", "relu_loss"),
                   Gt("best_other_over_swiglu_lo", 1)),
-         overall=(Rate(All(Lt("relu_loss", "none_loss", scale=1 / 5), Lt("gelu_loss", "none_loss", scale=1 / 5)),
+         overall=(Rate(All(Lt("relu_loss", "none_loss", scale=1 / 5), Lt("gelu_loss", "none_loss",
+                  scale=1 / 5)),
                        at_least=0.8),
                   Rate(Gt("best_other_over_swiglu_hi", 1), at_least=0.8)),
-         notes='Restated 2026-12-05 after seeds 5-9: SwiGLU is lowest at lr 3e-3 and 1e-3 on every run, but at lr 1e-2 not on seed 5 (0.61) and relu/gelu < none/5 fails on 2 of 25 runs: those two are rates (at least 80 % of the runs).',
+         notes="Restated 2026-12-05 after seeds 5-9: SwiGLU is lowest at lr 3e-3 and 1e-3 on "
+               "every run, but at lr 1e-2 not on seed 5 (0.61) and relu/gelu < none/5 fails "
+               "on 2 of 25 runs: those two are rates (at least 80 % of the runs).",
          claim="模加法（P = 17，全部 289 对，100 步）上，参数相同的三种 FFN "
                "都远好于没有 FFN（SwiGLU 每次运行都是，ReLU、GELU 在绝大多数"
                "运行上）；这个玩具上学习率 3e-3 和 1e-3 时 SwiGLU 的损失在每"
@@ -314,7 +318,8 @@ register("ch07.ffn_ratio", chapter="07", run=run_ratios,
          rule=All(*(Near(f"params_r{r}", 7000, 0.08 * 7000) for r in RATIO_WIDTHS)),
          overall=(Rate(Any(All(Lt("loss_r2", "loss_r1"), Lt("loss_r2", "loss_r8")),
                            All(Lt("loss_r4", "loss_r1"), Lt("loss_r4", "loss_r8"))), at_least=0.8),),
-         notes="Restated 2026-12-05: 'min(r2, r4) < min(r1, r8) on every seed' fails on seed 8 (r = 1 lowest); now on at least 80 % of the runs.",
+         notes="Restated 2026-12-05: 'min(r2, r4) < min(r1, r8) on every seed' fails on seed "
+               "8 (r = 1 lowest); now on at least 80 % of the runs.",
          claim="层参数约 7000 时（注意力加 ReLU FFN），模加法 100 步后，在绝"
                "大多数运行上 d_ff/d = 2 或 4 的损失低于 1 和 8；2 与 4 "
                "之间没有一致的先后",

@@ -210,7 +210,11 @@ register("ch10.errors", chapter="10", run=run_errors,
          rule=All(Gt("swapped_in_year", 0.5), Gt("day_zero_lost", 0.5)),
          overall=(Rate(Lt("mmmm_rank", 1.5), at_least=0.8), Median(Gt("max_over_min_err", 4)),
                   Rate(All(Gt("two_kinds_share", 0.5), Lt("wrong_share", 0.15)), at_least=0.8)),
-         notes="Restated 2026-12-05 after seeds 0-9 x 3 environments: 'MMMM D, YYYY is the hardest format on every seed' holds on 22 of 25 runs and 'hardest/easiest > 4x' was thin (seed 2: 4.3): now rates / a median. The other direction, a two-digit day written with a leading 0 (24 -> 04, `day_to_one`), is 0 on some seeds: not part of the claim.",
+         notes="Restated 2026-12-05 after seeds 0-9 x 3 environments: 'MMMM D, YYYY is the "
+               "hardest format on every seed' holds on 22 of 25 runs and 'hardest/easiest > "
+               "4x' was thin (seed 2: 4.3): now rates / a median. The other direction, a "
+               "two-digit day written with a leading 0 (24 -> 04, `day_to_one`), is 0 on some "
+               "seeds: not part of the claim.",
          claim="错误分析：7 种写法里 `MMMM D, YYYY` 在绝大多数运行上错误率最高"
                "；错误率最高与最低的写法之比的中位数超过 4；绝大多数运行上出错的字段过半属于两"
                "类位置错误（一个字段里相邻两位颠倒、一位数与两位数的日/月混淆）；每次运行上颠倒"

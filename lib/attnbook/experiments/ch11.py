@@ -209,7 +209,8 @@ register("ch11.perplexity", chapter="11", run=run_poems,
          notes="A first version asked ppl_model < 0.9 ppl_bigram; seed 2 gives 244 against 256.5.",
          quoted=("ppl_model", "ppl_init"), fmt=".0f")
 register("ch11.form", chapter="11", run=run_poems,
-         rule=All(Gt("well_formed_gpt", 0.5), Lt("rhyme_of_shaped_gpt", 0.3), Lt("well_formed_init", 0.05),
+         rule=All(Gt("well_formed_gpt", 0.5), Lt("rhyme_of_shaped_gpt", 0.3),
+                  Lt("well_formed_init", 0.05),
                   Lt("well_formed_bigram", 0.05)),
          claim="训练后的 GPT 从 BOS 采样（温度 1）的诗，过半行数、字数和标点全对；未训练的模型和二元模型几乎没有一首格式对；"
                "但字数对的诗里第 2、4 句末字同韵的比例仍在随机水平（约 0.1，真实绝句约 0.85）：400 步没有学会押韵",
@@ -248,7 +249,8 @@ def sweep_summary(sweep: dict) -> dict:
 register("ch11.sampling", chapter="11", run=run_poems,
          rule=All(Lt("greedy_distinct", 1.5 / 50), Lt("greedy_char_types", "t1_char_types")),
          overall=(Rate(Lt("wf_t13", "wf_t1"), at_least=0.8),),
-         notes="Restated 2026-12-05: 'T = 1.3 gives fewer well-formed poems than T = 1' fails on 1 of 25 runs (seed 1, EPYC default); it is a rate now.",
+         notes="Restated 2026-12-05: 'T = 1.3 gives fewer well-formed poems than T = 1' fails "
+               "on 1 of 25 runs (seed 1, EPYC default); it is a rate now.",
          claim="贪心解码从 BOS 只写出一首诗，且诗内重复的字比温度 1 采样多；温度升到 1"
                ".3，格式对的比例在绝大多数运行上低于温度 1",
          quoted=("greedy_char_types", "t1_char_types", "wf_t07", "wf_t1", "wf_t13", "wf_top_p"))
@@ -267,12 +269,15 @@ register("ch11.heads", chapter="11", run=run_poems,
 
 
 register("ch11.prune", chapter="11", run=run_poems,
-         rule=All(Lt("prune_max_block", 1.5), Lt("prune_block2_max", 0.01), Lt("prune_block2", 0.02),
+         rule=All(Lt("prune_max_block", 1.5), Lt("prune_block2_max", 0.01), Lt("prune_block2",
+                  0.02),
                   Any(Le("head_rhyme_slot", 5), All(Lt("prune_rhyme_slot_head", 0.01),
                                                   Lt("prune_rhyme_slot_head_at_end", 0.05)))),
          overall=(Some(Gt("head_rhyme_slot", 5)), Rate(Ge("prune_max", 0.1), at_least=0.7),
                   Rate(Ge("prune_block1", 0.3), at_least=0.8)),
-         notes='Restated 2026-12-05: prune_max >= 0.1 holds on 20 of 25 runs and prune_block1 >= 0.3 on 22 of 25; both are rates now. The rhyme clause binds where head_rhyme_slot > 5.',
+         notes="Restated 2026-12-05: prune_max >= 0.1 holds on 20 of 25 runs and prune_block1 "
+               ">= 0.3 on 22 of 25; both are rates now. The rhyme clause binds where "
+               "head_rhyme_slot > 5.",
          claim="在 100 首留出的诗上逐个剪掉一个头（它的输出在 W^O 之前置零，不重新训练）：每个种子上最贵的头都在第 1 块，"
                "留出损失升高不少于 0.1 nats/词元；第 2 块的每个头都不到 0.01，4 个一起剪也不到 0.02，"
                "而整个第 1 块一起剪升高不少于 0.3；在有头以均匀 5 倍以上的注意力看押韵那一格的种子上，剪掉那个头，"
