@@ -216,23 +216,27 @@ def _check_inputs(m: CachedAttention, query, key, value, head_mask, fn) -> None:
     """query ``(B, Tq, d_model)``, key ``(B, Tk, kdim)``, value ``(B, Tk, vdim)`` in the module's
     dtype and device; ``head_mask`` None or ``(H,)``, bool or floating."""
     weight = m.q_proj.weight
-    for name, t, width in (("query", query, m.d_model), ("key", key, m.kdim), ("value", value, m.vdim)):
+    for name, t, width in (("query", query, m.d_model), ("key", key, m.kdim),
+                           ("value", value, m.vdim)):
         check_tensor(name, t, fn=fn)
         if t.ndim != 3 or t.shape[-1] != width:
-            raise ValueError(f"{fn}: `{name}` must be (B, T, {width}) (batch first), got {describe(t)}")
+            raise ValueError(f"{fn}: `{name}` must be (B, T, {width}) (batch first), "
+                             f"got {describe(t)}")
         if t.dtype != weight.dtype or t.device != weight.device:
             raise TypeError(f"{fn}: `{name}` must have the module's dtype and device "
                             f"({weight.dtype}, {weight.device}), got {describe(t)}")
     if not (query.shape[0] == key.shape[0] == value.shape[0]) or key.shape[1] != value.shape[1]:
-        raise ValueError(f"{fn}: `query`, `key`, `value` must share B, and `key`, `value` must share Tk; got "
-                         f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}")
+        raise ValueError(f"{fn}: `query`, `key`, `value` must share B, and `key`, `value` must "
+                         f"share Tk; got query {tuple(query.shape)}, key {tuple(key.shape)}, "
+                         f"value {tuple(value.shape)}")
     if head_mask is not None:
         _check_bool_or_float("head_mask", head_mask, fn)
         if head_mask.shape != (m.n_heads,):
             raise ValueError(f"{fn}: `head_mask` must have shape (n_heads,) = ({m.n_heads},), "
                              f"got {describe(head_mask)}")
         if head_mask.device != weight.device:
-            raise ValueError(f"{fn}: `head_mask` is on {head_mask.device} but the module is on {weight.device}")
+            raise ValueError(f"{fn}: `head_mask` is on {head_mask.device} but the module is on "
+                             f"{weight.device}")
 
 
 def _check_bool_or_float(name, t, fn, min_ndim=1) -> None:
@@ -275,8 +279,9 @@ def _check_cache(m: CachedAttention, cache, batch, fn) -> None:
                          f"batch 1 serves any)")
 
 
-def _check_cached_forward(m, query, key, value, mask, causal, need_weights, head_mask, cache) -> str | None:
-    """Validate :meth:`CachedAttention.forward`'s arguments; return the causal alignment (or None)."""
+def _check_cached_forward(m, query, key, value, mask, causal, need_weights, head_mask,
+                          cache) -> str | None:
+    """Validate :meth:`CachedAttention.forward`'s arguments; return the causal alignment or None."""
     fn = "CachedAttention.forward"
     shared = all(isinstance(t, torch.Tensor) and t.ndim == 3 for t in (query, key, value)) \
         and key.shape[0] == value.shape[0] == 1 != query.shape[0]   # one memory for every row

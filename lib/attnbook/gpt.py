@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import check_bool, check_choice, check_float, check_int, check_tensor, check_tokens, describe
+from ._checks import (check_bool, check_choice, check_float, check_int, check_tensor, check_tokens,
+                      describe)
 from .cache import CachedAttention, KVCache
 from .layers import FeedForward, LayerNorm
 
@@ -181,7 +182,8 @@ def _check_lm_loss(logits, ids, pad_id) -> None:
     check_tensor("logits", logits, fn=fn)
     check_tensor("ids", ids, fn=fn, floating=False)
     if ids.dtype != torch.long:
-        raise TypeError(f"{fn}: `ids` must be a torch.long tensor of token ids, got {describe(ids)}")
+        raise TypeError(f"{fn}: `ids` must be a torch.long tensor of token ids, "
+                        f"got {describe(ids)}")
     if logits.ndim != 3 or ids.shape != logits.shape[:2] or ids.shape[1] < 2:
         raise ValueError(f"{fn}: `logits` must be (B, T, V) and `ids` (B, T) with T >= 2, "
                          f"got {tuple(logits.shape)} and {tuple(ids.shape)}")
@@ -222,7 +224,8 @@ def head_mask(model: GPT, prune=()) -> torch.Tensor:
 
 def _check_head_mask_args(model, prune) -> None:
     if not isinstance(model, GPT):
-        raise TypeError(f"head_mask: `model` must be an attnbook.gpt.GPT, got {type(model).__name__}")
+        raise TypeError(f"head_mask: `model` must be an attnbook.gpt.GPT, "
+                        f"got {type(model).__name__}")
     if isinstance(prune, (str, bytes, torch.Tensor)) or not hasattr(prune, "__iter__"):
         raise TypeError(f"head_mask: `prune` must be an iterable of (layer, head) pairs "
                         f"(e.g. [(0, 1)] or ()), got {prune!r:.80}")
@@ -326,7 +329,8 @@ def generate(model: GPT, prompt: torch.Tensor, *, max_new_tokens: int,
 
 def _check_generate(model, prompt, max_new_tokens, use_cache, eos_id) -> int:
     if not isinstance(model, GPT):
-        raise TypeError(f"generate: `model` must be an attnbook.gpt.GPT, got {type(model).__name__}")
+        raise TypeError(f"generate: `model` must be an attnbook.gpt.GPT, "
+                        f"got {type(model).__name__}")
     check_bool("use_cache", use_cache, fn="generate")
     if eos_id is not None:
         check_int("eos_id", eos_id, fn="generate", minimum=0)
@@ -378,10 +382,11 @@ def _check_forward(model: GPT, ids, cache) -> int:
 def _check_block_caches(cache: list[KVCache], fn: str) -> None:
     """One distinct, self-attention cache per block, all holding the same number of positions."""
     if len({id(c) for c in cache}) != len(cache):
-        raise ValueError(f"{fn}: `cache` must hold one distinct KVCache per block (model.new_cache()); "
-                         f"the list repeats one object, so two blocks would append to it")
+        raise ValueError(f"{fn}: `cache` must hold one distinct KVCache per block "
+                         f"(model.new_cache()); the list repeats one object, so two blocks would append to it")
     if any(c.static for c in cache):
-        raise ValueError(f"{fn}: `cache` must hold self-attention caches (static=False), got {cache!r:.100}")
+        raise ValueError(f"{fn}: `cache` must hold self-attention caches (static=False), "
+                         f"got {cache!r:.100}")
     lengths = [len(c) for c in cache]
     if len(set(lengths)) > 1:
         raise ValueError(f"{fn}: every block's cache must hold the same number of positions (the "

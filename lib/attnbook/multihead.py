@@ -395,7 +395,7 @@ def _check_inputs(m: MultiHeadAttention, query, key, value, head_mask, fn) -> No
 
 
 def _check_forward(m, query, key, value, mask, causal, need_weights, head_mask) -> str | None:
-    """Validate :meth:`MultiHeadAttention.forward`'s arguments; return the causal alignment (or None)."""
+    """Validate :meth:`MultiHeadAttention.forward`'s arguments; return the causal alignment."""
     fn = f"{type(m).__name__}.forward"
     _check_inputs(m, query, key, value, head_mask, fn)
     _check_mask(mask, (query.shape[0], m.n_heads, query.shape[1], key.shape[1]), fn)

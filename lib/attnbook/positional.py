@@ -157,8 +157,7 @@ def apply_rope(x: torch.Tensor, positions=None, *, base: float = 10000.0,
         A tensor like ``x``; norms are preserved. Angles are computed in float64, then
         cast.
     """
-    # default positions: 0 .. T - 1
-    positions = _check_apply_rope(x, positions, base, pairing)
+    positions = _resolve_rope_args(x, positions, base, pairing)  # checked; None -> 0 .. T - 1
     d = x.shape[-1]
     omega = frequencies(d, base=base, device=x.device)  # (D/2,)
     angle = positions.to(torch.float64)[..., None] * omega  # (..., T, D/2)
@@ -170,8 +169,8 @@ def apply_rope(x: torch.Tensor, positions=None, *, base: float = 10000.0,
     return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
 
 
-def _check_apply_rope(x, positions, base, pairing) -> torch.Tensor:
-    """Every check of ``apply_rope``'s arguments; returns the positions (``0 .. T - 1`` for None)."""
+def _resolve_rope_args(x, positions, base, pairing) -> torch.Tensor:
+    """Check ``apply_rope``'s arguments and resolve ``positions`` (``0 .. T - 1`` for None)."""
     fn = "apply_rope"
     check_tensor("x", x, fn=fn, min_ndim=2)
     check_float("base", base, fn=fn, minimum=0.0, inclusive=False)

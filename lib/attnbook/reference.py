@@ -29,8 +29,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ._checks import (attention_kernel, check_choice, check_device, check_dtype, check_int, check_query_key,
-                      check_scale, check_tensor)
+from ._checks import (attention_kernel, check_choice, check_device, check_dtype, check_int,
+                      check_query_key, check_scale, check_tensor)
 
 CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")   # where the Tq queries sit among Tk keys
 
@@ -148,7 +148,8 @@ def additive_scores(
 # Masks (True = may attend)
 # ---------------------------------------------------------------------------------------------
 
-def causal_mask(tq: int, tk: int | None = None, *, align: str = "top_left", device=None) -> torch.Tensor:
+def causal_mask(tq: int, tk: int | None = None, *, align: str = "top_left",
+                device=None) -> torch.Tensor:
     """Causal mask (chapter 04, eq-ch04-causal-mask): query i may see key j iff j <= i + offset.
 
     ``align="top_left"`` (default): offset 0, like
