@@ -12,23 +12,24 @@ queries is skipped (that is the causal load imbalance striped attention fixes).
 
 :func:`ring_attention_local` is the per-rank function: it runs inside any initialised process
 group (gloo on CPU, NCCL on GPUs, under ``torchrun`` across machines). :func:`ring_attention`
-starts ``world_size`` local processes (gloo, 127.0.0.1, a free port), runs it and returns the
-gathered output. :func:`ring_attention_simulated` runs the same loop for every rank in one
-process, the blocks handed on by a list instead of the network (for tests and the book).
+starts ``world_size`` local processes (:func:`run_local`: gloo, 127.0.0.1, a free port), runs it
+and returns the gathered output. :func:`ring_attention_simulated` runs the same loop for every
+rank in one process, the blocks handed on by a list instead of the network (tests, the book).
 Forward only: no autograd through the ring.
 """
 from __future__ import annotations
 
 import datetime
+import pickle
 import socket
 
 import torch
 
-from ._checks import check_attention_args, check_bool, check_int, check_tensor
+from ._checks import check_attention_args, check_bool, check_float, check_int, check_tensor
 from .reference import AttentionResult, attention_ref
 
 __all__ = ["merge_partials", "ring_attention", "ring_attention_local", "ring_attention_simulated",
-           "split_lengths"]
+           "run_local", "split_lengths"]
 
 
 def merge_partials(out_a, lse_a, out_b, lse_b):
@@ -151,19 +152,14 @@ def ring_attention_simulated(q, k, v, *, world_size=2, causal=False, scale=None)
     return torch.cat(outs, 2)                                 # (B, H, T, Dv)
 
 
-def _worker(rank, world_size, port, q, k, v, causal, scale, out, timeout):
-    """One spawned process: join the group, run its share, write its rows of ``out``."""
+def _launch(rank, fn, world_size, port, timeout, args):
+    """One spawned process: join the gloo group, run ``fn(rank, world_size, *args)``, leave."""
     import torch.distributed as dist
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world_size, timeout=datetime.timedelta(seconds=timeout))
     try:
-        lengths = split_lengths(q.shape[2], world_size)
-        a = sum(lengths[:rank])
-        sl = slice(a, a + lengths[rank])
-        res = ring_attention_local(q[:, :, sl], k[:, :, sl], v[:, :, sl], causal=causal,
-                                   scale=scale)
-        out[:, :, sl] = res.out
+        fn(rank, world_size, *args)
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -175,14 +171,55 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_local(fn, world_size, *args, timeout=60.0, caller="run_local") -> None:
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` spawned local processes joined in
+    one gloo process group (127.0.0.1, a free port) (chapter 12).
+
+    ``fn`` must be importable by name (a module-level function); tensors in ``args`` made with
+    ``share_memory_()`` are shared, so a rank can write its results into them. The processes
+    are always joined, or terminated when one fails; a failure in a rank is raised here as a
+    RuntimeError that names the rank and carries its traceback and message. ``caller`` names
+    the public function in those messages.
+    """
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+    world_size = check_int("world_size", world_size, fn=caller)
+    timeout = check_float("timeout", timeout, fn=caller, minimum=0.0, inclusive=False)
+    if not callable(fn):
+        raise TypeError(f"{caller}: `fn` must be a callable, got {type(fn).__name__}")
+    if not (dist.is_available() and dist.is_gloo_available()):
+        raise RuntimeError(f"{caller}: this PyTorch build has no torch.distributed gloo backend")
+    try:
+        mp.start_processes(_launch, args=(fn, world_size, _free_port(), timeout, args),
+                           nprocs=world_size, join=True, start_method="spawn")
+    except mp.ProcessRaisedException as e:
+        raise RuntimeError(f"{caller}: rank {e.error_index} failed:\n{e}") from None
+    except mp.ProcessExitedException as e:
+        raise RuntimeError(f"{caller}: rank {e.error_index} exited with code "
+                           f"{e.exit_code}") from None
+    except (OSError, pickle.PicklingError, AttributeError) as e:
+        raise RuntimeError(f"{caller}: cannot start {world_size} local processes on this platform "
+                           f"({type(e).__name__}: {e}); ring_attention_simulated runs the same "
+                           f"loop in one process") from e
+
+
+def _ring_job(rank, world_size, q, k, v, causal, scale, out):
+    """One rank of :func:`ring_attention`: its block of q, k, v in, its rows of ``out`` out."""
+    lengths = split_lengths(q.shape[2], world_size)
+    a = sum(lengths[:rank])
+    sl = slice(a, a + lengths[rank])                          # this rank's positions
+    res = ring_attention_local(q[:, :, sl], k[:, :, sl], v[:, :, sl], causal=causal, scale=scale)
+    out[:, :, sl] = res.out
+
+
 def ring_attention(q, k, v, *, world_size=2, causal=False, scale=None, timeout=60.0):
     """Exact attention computed by ``world_size`` local processes passing key/value blocks
     round a ring (chapter 12).
 
-    Starts ``world_size`` processes (``torch.multiprocessing.spawn``, the gloo backend on
-    127.0.0.1 and a free port), each runs :func:`ring_attention_local` on its block and writes
-    its rows of a shared output. The processes are always joined or terminated, also when one
-    fails; a failure in a rank is raised here as a RuntimeError carrying that rank's message.
+    Starts ``world_size`` processes with :func:`run_local` (gloo on 127.0.0.1); each runs
+    :func:`ring_attention_local` on its block and writes its rows of a shared output. The
+    processes are always joined or terminated, also when one fails; a failure in a rank is
+    raised here as a RuntimeError carrying that rank's message.
 
     Args: q, k ``(B, H, T, D)``, v ``(B, H, T, Dv)`` on the CPU; ``world_size`` P (1 <= P <= T);
     ``causal``: key j > query i hidden; ``scale``: default ``1/sqrt(D)``; ``timeout``: seconds
@@ -191,25 +228,11 @@ def ring_attention(q, k, v, *, world_size=2, causal=False, scale=None, timeout=6
     fn = "ring_attention"
     scale, causal, world_size = _check_entry(q, k, v, world_size, causal, scale, fn)
     if q.device.type != "cpu":
-        raise ValueError(f"{fn}: the local processes use the gloo backend on the CPU; got "
-                         f"tensors on "
-                         f"{q.device} (on GPUs run ring_attention_local under torchrun with NCCL)")
-    import torch.distributed as dist
-    import torch.multiprocessing as mp
-    if not (dist.is_available() and dist.is_gloo_available()):
-        raise RuntimeError(f"{fn}: this PyTorch build has no torch.distributed gloo backend")
+        raise ValueError(f"{fn}: the local processes use the gloo backend on the CPU; got tensors "
+                         f"on {q.device} (on GPUs run ring_attention_local under torchrun, NCCL)")
     shared = [t.detach().clone().share_memory_() for t in (q, k, v)]
     out = q.new_zeros(*q.shape[:3], v.shape[3]).share_memory_()
-    args = (world_size, _free_port(), *shared, causal, scale, out, float(timeout))
-    try:
-        mp.start_processes(_worker, args=args, nprocs=world_size, join=True, start_method="spawn")
-    except mp.ProcessRaisedException as e:
-        raise RuntimeError(f"{fn}: rank {e.error_index} failed:\n{e}") from None
-    except mp.ProcessExitedException as e:
-        raise RuntimeError(f"{fn}: rank {e.error_index} exited with code {e.exit_code}") from None
-    except (OSError, ValueError, AttributeError, ImportError) as e:
-        raise RuntimeError(f"{fn}: cannot start {world_size} local processes on this platform "
-                           f"({type(e).__name__}: {e}); use ring_attention_simulated") from e
+    run_local(_ring_job, world_size, *shared, causal, scale, out, timeout=timeout, caller=fn)
     return out
 
 
