@@ -1,7 +1,7 @@
 """A paged key/value cache: fixed-size blocks and a block table per sequence (chapter 12).
 
 Kwon et al. 2023, "Efficient Memory Management for Large Language Model Serving with
-PagedAttention" (SOSP), sections 4.1-4.3. Keys and values live in a pool of ``n_blocks``
+PagedAttention" (SOSP). Keys and values live in a pool of ``n_blocks``
 physical blocks of ``block_size`` positions each. A sequence's block table lists the blocks
 that hold its positions in order (logical block i -> physical block ``table[i]``); a block is
 taken from the free list only when the sequence's last block is full, and every block returns
