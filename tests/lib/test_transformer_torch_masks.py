@@ -1,4 +1,4 @@
-"""Chapter 10's comparison with ``nn.Transformer`` calls it with one mask type (bool), so torch
+"""`transformer.torch_masks` (chapter 10): nn.Transformer called with one mask type (bool), so torch
 emits no deprecation warning; the float causal mask beside bool padding masks does (control)."""
 import math
 import warnings
