@@ -20,8 +20,14 @@ def test_check_under_the_default_path_reports_each_claim(capsys):
     assert "in 2 processes" in out
 
 
-@pytest.mark.slow
-def test_a_failing_worker_fails_the_whole_check():
+def test_a_kernel_path_torch_ignores_fails_the_check(capfd):
+    # torch ignores an unknown ATEN_CPU_CAPABILITY (warning only): the worker must refuse it
     with pytest.raises(SystemExit, match="a worker failed"):
         cli.main(["--check", "--only", "ch09", "--seeds", "0", "--no-progress",
                   "--capability", "no_such_path_xyz"])
+    assert "is not a kernel path" in capfd.readouterr().err
+
+
+def test_a_failing_worker_fails_the_whole_run():
+    with pytest.raises(SystemExit, match="a worker failed"):
+        cli._run_parallel([(["ch09.no_such_claim"], [0], "default")], False)

@@ -79,6 +79,11 @@ def _worker(args, registry) -> int:
     """Run the selection here (one thread) and write {env, rows} to ``args.worker``."""
     import torch
     torch.set_num_threads(1)
+    asked = os.environ.get("ATEN_CPU_CAPABILITY", "")
+    got = torch.backends.cpu.get_cpu_capability()
+    if asked and asked.lower() != got.lower():
+        raise SystemExit(f"experiments: ATEN_CPU_CAPABILITY={asked!r} is not a kernel path this CPU "
+                         f"and torch run (they run {got}); the rows would be mislabelled")
     chosen = core.select(args.only, registry)
     seeds = list(args.seeds)
     rows = core.run_experiments(chosen, seeds, progress=not args.no_progress)
