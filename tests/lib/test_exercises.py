@@ -485,7 +485,7 @@ def test_float64_inputs_need_float64_work_and_low_precision_inputs_set_the_rule(
     assert ok is False and "第 4 个隐藏测试" in text  # cases 1-3 are float64: passed
     assert "dtype 应和输入一样是 float32，得到的是 float64" in text
     ok, text = run("ch06.sinusoidal", lambda n, d: unguarded(exercises.get("ch06.sinusoidal").solution)(n, d).half())
-    assert ok is False and "float32 或 float64" in text  # no floating input: float16 is too coarse
+    assert ok is False and "dtype 应是 float64" in text  # no floating input: the prompt says float64
 
 
 def test_deterministic_and_randomized_per_seed():

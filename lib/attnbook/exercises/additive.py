@@ -150,7 +150,25 @@ def _context_cases(g):
         Case("分数很大", (1000.0 + r(2, 4, scale=5.0), r(4, 3), real),
              note="分数在 1000 上下：exp(1000) 在 float64 里溢出成 inf。",
              tags=frozenset({"big"})),
+        Case("各行的尺度相差很大，填充位置的分数最大", *_scaled_rows(g)[:1],
+             note=_scaled_rows.__doc__ and "第 0 行在 0 附近，第 1 行在 1000 附近，第 2 行在"
+             " −900 附近；最后两个位置是填充，最后一个的分数比这一行的真实位置都大 800。",
+             tags=frozenset({"padded", "scales"})),
     ]
+
+
+def _scaled_rows(g):
+    """Rows near 0, near +-1000 (a global max would zero or overflow the others), and each
+    row's largest score on a padded position (a max taken before masking fails)."""
+    t = 3 + int(torch.randint(0, 3, (1,), generator=g))
+    n = 5 + int(torch.randint(0, 3, (1,), generator=g))
+    offsets = torch.tensor([0.0, 1000.0, -900.0, 400.0, -50.0], dtype=torch.float64)[:t]
+    scores = torch.randn(t, n, generator=g, dtype=torch.float64) * 3 + offsets[:, None]
+    mask = torch.ones(n, dtype=torch.bool)
+    mask[-2:] = False
+    scores[:, -1] = scores.amax(-1) + 800.0  # a padded key outscores every real one
+    H = torch.randn(n, 3, generator=g, dtype=torch.float64)
+    return ((scores, H, mask),)
 
 
 def _context_hint(f):
@@ -159,6 +177,16 @@ def _context_hint(f):
         return "分数上千时 exp 溢出成 inf，inf/inf = NaN：先减去每行的最大值（softmax 不变），再取 exp。"
     if f.kind not in ("value", "nan"):
         return None
+    if close(f.got, context(scores, H, ~mask)) or (f.kind == "nan" and bool(mask.all())
+                                                    and bool(torch.isnan(f.got).all())):
+        return ("掩码的含义反了：本书的约定是 True = 真实词元（可以关注），要屏蔽的是 mask 为 "
+                "False 的位置：masked_fill(~mask, −inf)。")
+    if "scales" in f.case.tags:
+        row = f.index[:-1] if f.index is not None else ()
+        return ("每一行要减去它自己的最大值，而且是屏蔽之后的最大值（amax(-1, keepdim=True) "
+                "作用在已填 −inf 的分数上）：各行尺度不同时，减去全局最大值会让某些行 exp "
+                "下溢成 0 或上溢；填充位置的分数最大时，屏蔽之前取的最大值会让整行下溢成 0。"
+                + (f"（看第 {list(row)} 行。）" if row else ""))
     if close(f.got, _over_queries(scores, H, mask)):
         return "softmax 沿错了维度：每个查询（每一行）在 n 个源位置上归一化，dim=-1，不是 dim=0。"
     if close(f.got, _padding_attended(scores, H, mask)):

@@ -243,7 +243,25 @@ def _softmax_cases(g):
         Case("半精度（float16），有一行整行被屏蔽",
              (_randn(g, 2, 4, 6, dtype=torch.float16), _mask(g, (2, 4, 6), full_row=(0, r))),
              note=f"mask[0, {r}] 整行是 False。", tags=frozenset({"half", "full"})),
+        Case("各行尺度相差很大（float32），被屏蔽的位置分数最大", _scaled_rows(g),
+             note="各行分别在 0、150、−120、40 附近；每行有一个被屏蔽的位置，分数比这一行"
+                  "可关注的分数都大 1000。", tags=frozenset({"scales"})),
     ]
+
+
+def _scaled_rows(g):
+    """float32 rows near 0, 150, -120, 40 (one max for the whole tensor zeroes some rows), each
+    with a hidden score 1000 above its row (a max taken before masking zeroes the row)."""
+    n = 5 + int(torch.randint(0, 3, (1,), generator=g))
+    offsets = torch.tensor([0.0, 150.0, -120.0, 40.0], dtype=torch.float64)
+    s = _randn(g, 4, n, scale=3.0) + offsets[:, None]
+    mask = _mask(g, (4, n))
+    hidden = (~mask).float().argmax(-1, keepdim=True)
+    for i in range(4):
+        if bool(mask[i].all()):
+            mask[i, hidden[i]] = False
+    s.scatter_(-1, hidden, s.amax(-1, keepdim=True) + 1000.0)
+    return s.float(), mask
 
 
 def _attention_cases(g):
@@ -407,6 +425,14 @@ def _hint_large(f):
                 "先减去每行的最大值再取 exp，softmax 的结果不变。")
 
 
+def _hint_scales(f):
+    if "scales" not in f.case.tags or f.kind not in ("value", "nan"):
+        return None
+    return ("减去的应是每一行自己的、屏蔽之后的最大值：先 masked_fill(~mask, −inf)，再 "
+            "amax(-1, keepdim=True)。整个张量只减一个最大值，尺度小的行 exp 会下溢成 0；"
+            "在屏蔽之前取最大值，被屏蔽的大分数会让整行下溢成 0。")
+
+
 def _hint_epsilon(f):
     """Every row a little short of 1, by the same factor: a constant added to the denominator."""
     if f.kind != "value" or "scores" not in f.inputs:
@@ -433,7 +459,7 @@ def _hint_rows(f):
 
 
 HINTS = (_hint_half, _hint_broadcast, _hint_transpose, _hint_none, _hint_full_row,
-         _hint_alternative, _hint_large, _hint_epsilon, _hint_rows)
+         _hint_alternative, _hint_large, _hint_scales, _hint_epsilon, _hint_rows)
 
 register(Exercise("ch04.masked_softmax", "带掩码的 softmax", masked_softmax, SOFTMAX_BUGS,
                   _softmax_cases, HINTS))

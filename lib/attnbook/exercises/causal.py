@@ -80,6 +80,8 @@ def _qkv(g, lead, tq, tk, dk, dv):
 
 
 def _cases(g):
+    b = 3 + int(torch.randint(0, 2, (1,), generator=g))   # B never equals Tq below
+    tq = 2 if b != 2 else 3
     return [
         Case("Tq = Tk（两种对齐方式相同）", _qkv(g, (), 4, 4, 3, 2),
              note="Tq = Tk = 4：这时左上对齐和右下对齐是同一个下三角。"),
@@ -93,6 +95,12 @@ def _cases(g):
         Case("Tq > Tk：前面的查询没有键", _qkv(g, (), 5, 3, 4, 2),
              note="Tq = 5，Tk = 3：查询 i 可以关注 j ≤ i − 2，查询 0 和 1 一个键也没有（应输出 0）。",
              tags=frozenset({"more_queries"})),
+        Case("批的大小和 Tq、Tk 都不同", _qkv(g, (1, 2), 3, 5, 4, 3),
+             note="(B, H) = (1, 2)，Tq = 3，Tk = 5：Tq 是 q.shape[-2]，不是 len(q) 或 "
+                  "q.shape[0]。", tags=frozenset({"batch"})),
+        Case("三维输入，批比查询多", _qkv(g, (b,), tq, tq + 2, 4, 3),
+             note=f"q 的形状 ({b}, {tq}, 4)，k 的形状 ({b}, {tq + 2}, 4)。",
+             tags=frozenset({"batch"})),
     ]
 
 
@@ -122,12 +130,21 @@ def _hint(f):
     if f.kind == "nan" and "more_queries" in f.case.tags:
         return ("Tq > Tk 时，前 Tq − Tk 个查询在所有键之前，一个键也不能关注：这些行应输出 0 而不是 NaN"
                 "（整行分数都是 −inf；交给练习 1 的 masked_softmax 或 attention_ref 处理）。")
+    if "batch" in f.case.tags and f.kind in ("exception", "value", "nan"):
+        q, k = f.inputs["q"], f.inputs["k"]
+        return (f"Tq 和 Tk 要从倒数第二维读：Tq = q.shape[-2] = {q.shape[-2]}，Tk = "
+                f"k.shape[-2] = {k.shape[-2]}；len(q) 和 q.shape[0] 是批的大小 "
+                f"（这一例是 {q.shape[0]}）。")
     if f.kind not in ("value", "nan"):
         return None
     x = f.inputs
     for text, alt in _alternatives(x["q"], x["k"], x["v"]):
         if close(f.got, alt):
             return text
+    tq, tk = x["q"].shape[-2], x["k"].shape[-2]
+    if tq > tk and f.index is not None and f.index[-2] < tq - tk:
+        return ("这个查询一个键也不能关注，应输出 0：用有限的大负数（−1e9）填充时，整行分数"
+                "一样大，softmax 就平均分配（输出 v 的平均）。用 −inf 填充，并把这样的行置 0。")
     return ("查询 i 在整个序列里的位置是 i + (Tk − Tq)，它可以关注键 j 当且仅当 j ≤ i + (Tk − Tq)："
             "对照这一例手算第一行的掩码。")
 

@@ -78,12 +78,26 @@ def _ff_cases(g):
         Case("批 (2, 5, 6)，d_ff = 24", args((2, 5), 6, 24),
              note="同一个映射作用在每个批、每个位置的每一行上。"),
         Case("一个位置，d = 8，d_ff = 32", args((1,), 8, 32)),
+        Case("隐藏层的值很大", _large(g),
+             note="权重不缩小，b1 里有 8 以上的数：隐藏层（ReLU 之前）的值有的超过 6。",
+             tags=frozenset({"large"})),
     ]
+
+
+def _large(g):
+    """Pre-activations well above 6 (relu6 / hardtanh / clamp-like activations fail)."""
+    n = 3 + int(torch.randint(0, 3, (1,), generator=g))
+    b1 = _r(g, 12, scale=2.0)
+    b1[:4] = 8.0 + 4 * torch.rand(4, generator=g, dtype=torch.float64)
+    return (_r(g, n, 5), _r(g, 5, 12), b1, _r(g, 12, 5, scale=0.5), _r(g, 5))
 
 
 def _ff_hint(f):
     if f.kind != "value":
         return None
+    if "large" in f.case.tags:
+        return ("隐藏层的值超过 6 时你的结果就不对了：ReLU 是 max(0, h)，没有上限"
+                "（不是 relu6、hardtanh 或 clamp(0, 6)）。")
     x, w1, b1, w2, b2 = (f.inputs[k] for k in ("x", "w1", "b1", "w2", "b2"))
     alts = [("少了 ReLU：没有它，整个 FFN 只是一个仿射映射 x ↦ x W1 W2 + (b1 W2 + b2)。",
              _no_relu(x, w1, b1, w2, b2)),

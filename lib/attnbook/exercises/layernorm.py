@@ -85,12 +85,19 @@ def _cases(g):
         Case("批 (2, 3, 6)，eps = 0.1", (r(2, 3, 6, scale=2.0), r(6, scale=0.5, shift=1.0),
                                          r(6, scale=0.5), 0.1),
              note="eps 取传入的值 0.1，不是默认的 1e-5。"),
+        Case("不传 eps（用默认值）", (r(2, 6, scale=0.002, shift=-3.0),
+                                     r(6, scale=0.5, shift=1.0), r(6, scale=0.5)),
+             note="调用时没有传 eps：用签名里的默认值 eps=1e-5；每行的方差约 4e-6。",
+             tags=frozenset({"default_eps"})),
     ]
 
 
 def _hint(f):
     if f.kind != "value":
         return None
+    if "default_eps" in f.case.tags:
+        return ("这一例没有传 eps，用的是签名里的默认值：它应是 eps=1e-5（和 nn.LayerNorm 一样），"
+                "检查你的 def 里写的默认值。")
     x, w, b, eps = (f.inputs[key] for key in ("x", "weight", "bias", "eps"))
     alts = [("ε 应加在根号里面：除以 sqrt(var + ε)，不是 sqrt(var) + ε（方差很小时两者差得很多）。",
              _variant(x, w, b, eps, outside=True)),
@@ -166,12 +173,18 @@ def _rms_cases(g):
         Case("批 (2, 3, 6)，eps = 0.1", (r(2, 3, 6, scale=2.0, shift=1.0),
                                          r(6, scale=0.5, shift=1.0), 0.1),
              note="eps 取传入的值 0.1。"),
+        Case("不传 eps（用默认值）", (r(2, 6, scale=0.001), r(6, scale=0.5, shift=1.0)),
+             note="调用时没有传 eps：用签名里的默认值 eps=1e-6；每行的均方约 1e-6。",
+             tags=frozenset({"default_eps"})),
     ]
 
 
 def _rms_hint(f):
     if f.kind != "value":
         return None
+    if "default_eps" in f.case.tags:
+        return ("这一例没有传 eps，用的是签名里的默认值：它应是 eps=1e-6，检查你的 def 里写的"
+                "默认值。")
     x, w, eps = (f.inputs[key] for key in ("x", "weight", "eps"))
     d = x.shape[-1]
     alts = [("RMSNorm 不减均值：直接除以 sqrt(mean(x²) + ε)；减去均值再除，就成了 LayerNorm。",
