@@ -194,6 +194,7 @@ SYMPTOMS = {
     ("ch11.kv_step", "cache_thrown_away"): ["要包含缓存里的", "torch.cat"],
     ("ch11.kv_step", "values_appended_in_front"): ["v_all 的顺序要和 k_all 一致"],
     ("ch11.kv_step", "no_scale"): ["√d_k"],
+    ("ch11.kv_step", "top_left_causal_mask"): ["左上角对齐", "is_causal=True", "tril(diagonal=t)"],
 }
 SEEDS = (0, 1)  # seeds 0-29 were run once by hand, all bugs rejected; two keep this fast
 

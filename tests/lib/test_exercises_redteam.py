@@ -100,14 +100,14 @@ def mp_lse_zero(o1, lse1, o2, lse2):  # lse = 0 instead of -inf for fully masked
     return o, safe
 
 
-def kv_top_left(q, k_cache, v_cache, k_new, v_new):  # tril() on the n x (t + n) scores
+def kv_top_left(q, k_new, v_new, k_cache, v_cache):  # tril() on the n x (t + n) scores
     k_all, v_all = torch.cat([k_cache, k_new], -2), torch.cat([v_cache, v_new], -2)
     n, t_all = q.shape[-2], k_all.shape[-2]
     mask = torch.ones(n, t_all, dtype=torch.bool).tril()
     return _attn_masked(q, k_all, v_all, mask), k_all, v_all
 
 
-def kv_sdpa_causal(q, k_cache, v_cache, k_new, v_new):
+def kv_sdpa_causal(q, k_new, v_new, k_cache, v_cache):
     k_all, v_all = torch.cat([k_cache, k_new], -2), torch.cat([v_cache, v_new], -2)
     n, t_all = q.shape[-2], k_all.shape[-2]
     mask = torch.ones(n, t_all, dtype=torch.bool).tril()
@@ -132,7 +132,8 @@ WRONG = [
     ("ch08.layer_norm", ln_default_eps, "eps"),
     ("ch08.rms_norm", rms_default_eps, "eps"),
     ("ch09.merge_partial", mp_lse_zero, "−inf"),
-    ("ch11.kv_step", kv_top_left, "右下"),
+    ("ch11.kv_step", kv_top_left, "右下对齐"),
+    ("ch11.kv_step", kv_sdpa_causal, "is_causal=True"),
 ]
 
 

@@ -241,6 +241,9 @@ def _compare(ex: Exercise, case: Case, label: str, got, expected, inputs) -> Fai
                       ("inf", torch.isinf(g64) & ~torch.isinf(expected))):
         if bad.any():
             return Failure(kind, index=_first(bad), **fail)
+    lost = torch.isinf(expected) & (g64 != expected)  # an expected ±inf must be returned exactly
+    if lost.any():
+        return Failure("value", index=_first(lost), **fail)
     dtype = _working_dtype(got.dtype, case)
     if dtype == torch.float64:
         tol = ex.f64_tol

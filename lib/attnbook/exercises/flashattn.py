@@ -112,6 +112,10 @@ def _merge_hint(f):
         return "log(exp(lse1) + exp(lse2)) 在 lse 很大时溢出：用 torch.logaddexp(lse1, lse2)。"
     if f.kind != "value":
         return None
+    if f.label == "lse" and f.index is not None and bool(torch.isneginf(f.expected[f.index])):
+        return ("两部分都整行被屏蔽时，合并后的 lse 应是 −inf（没有任何键：log 0），不是 "
+                f"{float(f.got[f.index]):g}：只在计算权重时把 −inf 换成 0，返回的 lse 保持 "
+                "logaddexp(lse1, lse2) 的原值。否则再和下一段合并时，这一行会被当成有分数的行。")
     if close(f.got, MERGE_BUGS["outputs_averaged"](*a)[0]):
         return "两部分不能平均：权重是各自的指数和所占的比例 exp(lse_k − lse)，不是 1/2。"
     if f.label == "lse" and close(f.got, torch.maximum(a[1], a[3])):

@@ -15,6 +15,7 @@ import math
 
 import torch
 
+from ._report import close
 from ._core import Case, Exercise, register
 
 OUT, K, V = "out", "k_all", "v_all"
@@ -26,7 +27,7 @@ def kv_step(q, k_new, v_new, k_cache, v_cache):
 
 
 def _variant(q, k_new, v_new, k_cache, v_cache, *, append_first=True, causal=True,
-             keep_cache=True, v_order="cache_first", scale=True):
+             keep_cache=True, v_order="cache_first", scale=True, top_left=False):
     k_all = torch.cat([k_cache, k_new], -2) if keep_cache else k_new       # (B, H, t + n, d)
     v_all = (torch.cat([v_cache, v_new], -2) if v_order == "cache_first"
              else torch.cat([v_new, v_cache], -2)) if keep_cache else v_new
@@ -36,7 +37,7 @@ def _variant(q, k_new, v_new, k_cache, v_cache, *, append_first=True, causal=Tru
         s = s / math.sqrt(q.shape[-1])
     n, tk = q.shape[-2], k_seen.shape[-2]
     if causal and append_first:                       # query i at position tk - n + i
-        allowed = torch.ones(n, tk, dtype=torch.bool).tril(tk - n)
+        allowed = torch.ones(n, tk, dtype=torch.bool).tril(0 if top_left else tk - n)
         s = s.masked_fill(~allowed, float("-inf"))
     return torch.softmax(s, -1) @ v_seen, k_all, v_all
 
@@ -47,12 +48,13 @@ BUGS = {
     "cache_thrown_away": lambda *a: _variant(*a, keep_cache=False),
     "values_appended_in_front": lambda *a: _variant(*a, v_order="new_first"),
     "no_scale": lambda *a: _variant(*a, scale=False),
+    "top_left_causal_mask": lambda *a: _variant(*a, top_left=True),
 }
 
 
 def _run(fn, args, kwargs):
     ret = fn(*args, **kwargs)
-    if isinstance(ret, tuple) and len(ret) == 3:
+    if isinstance(ret, (tuple, list)) and len(ret) == 3:
         return ret, dict(zip((OUT, K, V), ret))
     return ret, {OUT: ret}
 
@@ -87,6 +89,9 @@ MESSAGES = {
     "cache_thrown_away": "k_all / v_all 要包含缓存里的：torch.cat([k_cache, k_new], dim=-2)。",
     "values_appended_in_front": "v_all 的顺序要和 k_all 一致：先缓存里的，再新的。",
     "no_scale": "分数要除以 √d_k。",
+    "top_left_causal_mask": ("你的因果掩码是左上角对齐的（torch.ones(n, t + n).tril()，也就是 SDPA 的 "
+                             "is_causal=True）：新查询 i 在位置 t + i，要右下对齐，看键 0 … t + i："
+                             "tril(diagonal=t)。"),
 }
 
 
@@ -100,7 +105,7 @@ def _hint(f):
     args = [f.inputs[k] for k in ("q", "k_new", "v_new", "k_cache", "v_cache")]
     for name, bug in BUGS.items():                     # which classic bug gives this output?
         out = dict(zip((OUT, K, V), bug(*args)))[f.label]
-        if out.shape == f.got.shape and torch.allclose(out, f.got.double(), atol=1e-9):
+        if close(f.got, out, rtol=1e-9, atol=1e-9):
             return MESSAGES[name]
     return None
 

@@ -89,10 +89,34 @@ def _logprob_cases(g):
              tags=frozenset({"long"})),
         Case("logit 很大（上千）的输出", draw(6, 5, scale=300.0, shift=1000.0),
              note="logit 的量级上千：exp(logit) 会上溢成 inf（float64 到 e^709 为止）。", tags=frozenset({"large"})),
+        Case("选中的词元比最大的 logit 低 900，词表里最大的编号没有出现", _far_below(g),
+             note="每一步被选中的词元的 logit 比这一行最大的低 900：它的概率 e^-900 在 float64 里"
+                  "下溢成 0；词元编号里没有 V − 1。", tags=frozenset({"far"})),
     ]
 
 
+def _far_below(g):
+    """Picked logits 900 below their row's max (log(softmax) underflows to -inf on every seed),
+    and token ids that never reach V - 1 (F.one_hot without num_classes gives too few columns)."""
+    t = 4 + int(torch.randint(0, 3, (1,), generator=g))
+    v = 6 + int(torch.randint(0, 3, (1,), generator=g))
+    logits = 200.0 * torch.randn(t, v, generator=g, dtype=torch.float64) + 1000.0
+    tokens = torch.randint(1, v - 1, (t,), generator=g)
+    tokens[-1] = 0
+    rows = torch.arange(t)
+    others = logits.clone()
+    others[rows, tokens] = float("-inf")
+    logits[rows, tokens] = others.amax(-1) - 900.0
+    return logits, tokens
+
+
 def _logprob_hint(f):
+    if "far" in f.case.tags and f.kind == "exception" and "size" in str(f.exc):
+        return ("F.one_hot(tokens) 不传 num_classes 时，列数是 tokens.max() + 1，不一定是词表大小 "
+                "V：写 F.one_hot(tokens, num_classes=logits.shape[-1])，或直接用 gather。")
+    if "far" in f.case.tags and f.kind == "inf":
+        return ("选中词元的概率 e^-900 在 float64 里下溢成 0，log 0 = −inf：先 softmax 再取 log "
+                "不行，要用 log_softmax（它算的是 x − logsumexp(x)，不经过概率本身）。")
     if f.kind == "inf" and "long" in f.case.tags:
         return ("概率连乘下溢成了 0，log 0 = −inf：在对数空间里把每一步的 log P 相加，"
                 "logits.log_softmax(-1) 再 gather，而不是先连乘概率再取对数。")

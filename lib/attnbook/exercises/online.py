@@ -98,7 +98,18 @@ def _cases(g):
         Case("block 比 N 大", (r(2, 5), 8), note="只有一块。"),
         Case("分数很大（float32）", (r(2, 9, scale=100.0).float(), 4),
              note="分数的绝对值可达 200 以上。"),
+        Case("整行都是很大的负数（float32）", (_negative_rows(g), 3),
+             note="每一行的分数都在 −200 附近（没有一个是正的）：运行中的最大值要从 −inf 开始。",
+             tags=frozenset({"negative"})),
     ]
+
+
+def _negative_rows(g):
+    """float32 rows entirely below -100 (a running max started at 0 underflows every exp)."""
+    n = 7 + int(torch.randint(0, 4, (1,), generator=g))
+    x = torch.randn(3, n, generator=g, dtype=torch.float64) * 5 - 200.0
+    x[1] -= 600.0
+    return x.float()
 
 
 def _hint(f):
@@ -110,6 +121,9 @@ def _hint(f):
                 "m_new 仍是 −inf 时先把它换成 0 再做减法。")
     if f.kind not in ("value", "nan"):
         return None
+    if "negative" in f.case.tags:
+        return ("整行都是很大的负数时你的结果不对：运行中的最大值 m 要从 −inf 开始"
+                "（torch.full(..., float('-inf'))），不是 0；从 0 开始时 exp(x − 0) 全部下溢成 0。")
     if close(f.got, _no_rescale(x, block)):
         return ("最大值变大时，之前累加的和 l_i 是按旧的最大值算的，要先乘以 α = exp(m_i − m_new) 再加上新块："
                 "l_i' = α·l_i + rowsum(exp(x_b − m_new))。")
