@@ -144,3 +144,210 @@ def test_the_wrong_answers_the_red_team_saw_accepted_are_rejected(name, fn, word
     assert not ok, f"{name}: {fn.__name__} accepted at seed {seed}"
     if word is not None:
         assert word in text, text
+
+
+# --------------------------------------------------------------------------- shortcuts
+def _solution_of(name):
+    from attnbook import exercises
+    return lambda *a, **k: exercises.get(name).solution(*a, **k)
+
+
+def _autograd_backward(q, k, v, out, lse, dout, mask=None):
+    with torch.enable_grad():
+        q_, k_, v_ = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        s = q_ @ k_.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if mask is not None:
+            s = s.masked_fill(~mask, NEG_INF)
+        o = _sm(s) @ v_
+        return torch.autograd.grad(o, (q_, k_, v_), dout)
+
+
+def _shortcuts():
+    from attnbook import masked_softmax as lib_masked_softmax
+    from attnbook.positional import apply_rope
+    from attnbook.sampling import filter_logits
+    return [
+        ("ch06.rope", lambda x, positions: apply_rope(x, positions), "apply_rope"),
+        ("ch11.sampling_probs", lambda logits, top_k=None, top_p=None: torch.softmax(
+            filter_logits(logits, top_k=top_k, top_p=top_p), -1), "filter_logits"),
+        ("ch04.masked_softmax", lambda s, m: lib_masked_softmax(s.masked_fill(~m, NEG_INF)),
+         "attnbook.masked_softmax"),
+        ("ch09.attention_backward", _autograd_backward, "autograd"),
+        ("ch04.causal_attention", lambda q, k, v: F.scaled_dot_product_attention(
+            q, k, v, attn_mask=torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(
+                k.shape[-2] - q.shape[-2])), "F.scaled_dot_product_attention"),
+    ]
+
+
+@pytest.mark.parametrize("name,fn,word", _shortcuts(), ids=lambda x: str(x)[:30])
+def test_the_shortcuts_are_ruled_out_by_name(name, fn, word):
+    ok, text = run(name, fn)
+    assert not ok and "不许" in text and word in text, text
+
+
+@pytest.mark.parametrize("name", ["ch04.masked_softmax", "ch06.rope", "ch08.layer_norm",
+                                  "ch09.merge_partial", "ch11.kv_step", "ch01.clip_grad_norm"])
+def test_calling_the_exercises_own_solution_is_ruled_out(name):
+    ok, text = run(name, _solution_of(name))
+    assert not ok and ".solution" in text and "不许" in text, text
+
+
+# --------------------------------------------------------------------------- correct, unusual
+def ctx_log_mask(scores, H, mask):
+    return _sm(scores + torch.log(mask.to(scores.dtype))) @ H
+
+
+def ms_manual(scores, mask):
+    s = scores.masked_fill(~mask, NEG_INF)
+    m = s.amax(-1, keepdim=True)
+    e = torch.exp(s - torch.where(torch.isinf(m), torch.zeros_like(m), m))
+    den = e.sum(-1, keepdim=True)
+    return torch.where(den > 0, e / den, torch.zeros_like(e))
+
+
+def ca_positions(q, k, v):
+    tq, tk = q.shape[-2], k.shape[-2]
+    q_pos = torch.arange(tq)[:, None] + tk - tq
+    return _attn_masked(q, k, v, torch.arange(tk)[None, :] <= q_pos)
+
+
+def ff_mask(x, w1, b1, w2, b2):
+    h = x @ w1 + b1
+    return (h * (h > 0)) @ w2 + b2
+
+
+def ln_var_mean(x, weight, bias, eps=1e-5):
+    var, mean = torch.var_mean(x, -1, keepdim=True, correction=0)
+    return (x - mean) * torch.rsqrt(var + eps) * weight + bias
+
+
+def rms_rsqrt(x, weight, eps=1e-6):
+    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * weight
+
+
+def os_python_blocks(x, block):
+    m = torch.full(x.shape[:-1] + (1,), NEG_INF, dtype=x.dtype)
+    l = torch.zeros_like(m)
+    for j in range(0, x.shape[-1], block):
+        xb = x[..., j:j + block]
+        mn = torch.maximum(m, xb.amax(-1, keepdim=True))
+        safe = mn.masked_fill(torch.isneginf(mn), 0.0)
+        l = torch.exp(m - safe) * l + torch.exp(xb - safe).sum(-1, keepdim=True)
+        m = mn
+    return torch.exp(x - m.masked_fill(torch.isneginf(m), 0.0)) / l.masked_fill(l == 0, 1.0)
+
+
+def mp_list(o1, lse1, o2, lse2):
+    lse = torch.logaddexp(lse1, lse2)
+    safe = lse.masked_fill(torch.isneginf(lse), 0.0)
+    return [torch.exp(lse1 - safe)[..., None] * o1 + torch.exp(lse2 - safe)[..., None] * o2, lse]
+
+
+def lp_ce(logits, tokens):
+    return -F.cross_entropy(logits, tokens, reduction="sum")
+
+
+def kv_list(q, k_new, v_new, k_cache, v_cache):
+    k_all, v_all = torch.cat([k_cache, k_new], -2), torch.cat([v_cache, v_new], -2)
+    n, t_all = q.shape[-2], k_all.shape[-2]
+    mask = torch.ones(n, t_all, dtype=torch.bool).tril(t_all - n)
+    return [_attn_masked(q, k_all, v_all, mask), k_all, v_all]
+
+
+UNUSUAL = [("ch03.context", ctx_log_mask), ("ch04.masked_softmax", ms_manual),
+           ("ch04.causal_attention", ca_positions), ("ch07.feed_forward", ff_mask),
+           ("ch08.layer_norm", ln_var_mean), ("ch08.rms_norm", rms_rsqrt),
+           ("ch09.online_softmax", os_python_blocks), ("ch09.merge_partial", mp_list),
+           ("ch02.sequence_logprob", lp_ce), ("ch11.kv_step", kv_list)]
+
+
+@pytest.mark.parametrize("seed", (0, 1))
+@pytest.mark.parametrize("name,fn", UNUSUAL, ids=lambda x: getattr(x, "__name__", str(x)))
+def test_correct_but_unusual_answers_stay_accepted(name, fn, seed):
+    ok, text = run(name, fn, seed)
+    assert ok, text
+
+
+# --------------------------------------------------------------------------- check itself
+def test_the_verdict_is_a_bool_that_ipython_does_not_echo():
+    from attnbook.exercises import _core
+    ok = check("ch04.masked_softmax", ms_manual)
+    bad = check("ch04.masked_softmax", ms_global_max)
+    assert isinstance(ok, _core.Verdict) and ok and not bad
+    assert ok == True and bad == False and repr(ok) == "True" and repr(bad) == "False"  # noqa: E712
+    assert not any([bad, bad]) and all([ok])
+    assert ok._ipython_display_() is None  # IPython calls this instead of printing a repr
+
+
+def test_printed_output_is_captured_and_cut_before_the_verdict():
+    def chatty(scores, mask):
+        for i in range(500):
+            print("line", i)
+        return ms_manual(scores, mask)
+
+    ok, text = run("ch04.masked_softmax", chatty)
+    assert ok and "line 0" in text and "line 30" not in text and "一共打印了" in text
+    assert text.rstrip().splitlines()[-1].startswith("✓ ")
+
+
+def test_a_case_that_runs_too_long_is_stopped_and_reported(monkeypatch):
+    from attnbook.exercises import _core
+    monkeypatch.setattr(_core, "TIME_LIMIT", 0.5)
+
+    def forever(scores, mask):
+        try:
+            while True:
+                pass
+        except Exception:  # the reader's catch-all does not swallow the stop
+            return scores
+
+    ok, text = run("ch04.masked_softmax", forever)
+    assert not ok and "运行太久" in text
+
+
+@pytest.mark.parametrize("result,word", [
+    (lambda s, m: ms_manual(s, m).to_sparse(), "sparse"),
+    (lambda s, m: ms_manual(s, m).to(torch.complex128), "实数"),
+    (lambda s, m: [ms_manual(s, m)], "列表"),
+    (lambda s, m: ms_manual(s, m).to("meta"), "meta"),
+])
+def test_unusual_returns_are_reported_never_raised(result, word):
+    ok, text = run("ch04.masked_softmax", result)
+    assert not ok and word in text, text
+
+
+def test_a_missing_second_output_is_named_not_a_missing_return():
+    def only_o(o1, lse1, o2, lse2):
+        return mp_list(o1, lse1, o2, lse2)[0]
+
+    ok, text = run("ch09.merge_partial", only_o)
+    assert not ok and "应返回 2 个值" in text and "lse" in text and "忘了 `return`" not in text
+
+
+def test_the_float32_hint_only_for_float32_sized_errors():
+    def eps_squared(x, weight, bias, eps=1e-5):  # a real mistake, float64 throughout
+        var, mean = torch.var_mean(x, -1, keepdim=True, correction=0)
+        return (x - mean) / torch.sqrt(var + eps ** 2) * weight + bias
+
+    def in_float32(x, weight, bias, eps=1e-5):  # the right formula, float32 inside
+        return ln_var_mean(x.float(), weight.float(), bias.float(), eps).double()
+
+    ok, text = run("ch08.layer_norm", eps_squared)
+    assert not ok and "float32" not in text.split("提示：")[1], text
+    ok, text = run("ch08.layer_norm", in_float32)
+    assert not ok and "float32" in text.split("提示：")[1], text
+
+
+def test_a_bug_equal_to_the_answer_on_the_case_is_not_named():
+    """ch06.rope with float32 angles: the 'positions ignored' bug equals the right answer when
+    positions = arange, so it must not be the hint."""
+    def rope_float32_angles(x, positions):
+        d = x.shape[-1]
+        theta = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
+        ang = (positions.float()[:, None] * theta).double()
+        c, s = torch.cos(ang), torch.sin(ang)
+        x0, x1 = x[..., 0::2], x[..., 1::2]
+        return torch.stack([x0 * c - x1 * s, x0 * s + x1 * c], -1).flatten(-2)
+
+    ok, text = run("ch06.rope", rope_float32_angles)
+    assert not ok and "positions" not in text.split("提示：")[1], text

@@ -244,4 +244,4 @@ def _bwd_hint(f):
 
 
 register(Exercise("ch09.attention_backward", "重算 P 的注意力反向传播", attention_backward,
-                  BWD_BUGS, _bwd_cases, (_bwd_hint,), run=_bwd_run))
+                  BWD_BUGS, _bwd_cases, (_bwd_hint,), run=_bwd_run, autograd=False))
