@@ -166,6 +166,8 @@ def _shortcuts():
     from attnbook import masked_softmax as lib_masked_softmax
     from attnbook.positional import apply_rope
     from attnbook.sampling import filter_logits
+    from attnbook import attention_ref
+    from torch.nn.attention.bias import causal_lower_right
     return [
         ("ch06.rope", lambda x, positions: apply_rope(x, positions), "apply_rope"),
         ("ch11.sampling_probs", lambda logits, top_k=None, top_p=None: torch.softmax(
@@ -174,9 +176,17 @@ def _shortcuts():
          "attnbook.masked_softmax"),
         ("ch09.attention_backward", _autograd_backward, "autograd"),
         ("ch04.causal_attention", lambda q, k, v: F.scaled_dot_product_attention(
-            q, k, v, attn_mask=torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(
-                k.shape[-2] - q.shape[-2])), "F.scaled_dot_product_attention"),
+            q, k, v, attn_mask=causal_lower_right(q.shape[-2], k.shape[-2])),
+         "causal_lower_right"),
+        ("ch04.causal_attention", lambda q, k, v: attention_ref(q, k, v, causal="bottom_right").out,
+         "attention_ref(causal=…)"),
     ]
+
+
+def ca_explicit_mask_sdpa(q, k, v):  # attention by SDPA, the alignment built by hand: allowed
+    tq, tk = q.shape[-2], k.shape[-2]
+    mask = torch.ones(tq, tk, dtype=torch.bool).tril(tk - tq)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
 @pytest.mark.parametrize("name,fn,word", _shortcuts(), ids=lambda x: str(x)[:30])
@@ -255,7 +265,8 @@ def kv_list(q, k_new, v_new, k_cache, v_cache):
 
 
 UNUSUAL = [("ch03.context", ctx_log_mask), ("ch04.masked_softmax", ms_manual),
-           ("ch04.causal_attention", ca_positions), ("ch07.feed_forward", ff_mask),
+           ("ch04.causal_attention", ca_positions),
+           ("ch04.causal_attention", ca_explicit_mask_sdpa), ("ch07.feed_forward", ff_mask),
            ("ch08.layer_norm", ln_var_mean), ("ch08.rms_norm", rms_rsqrt),
            ("ch09.online_softmax", os_python_blocks), ("ch09.merge_partial", mp_list),
            ("ch02.sequence_logprob", lp_ce), ("ch11.kv_step", kv_list)]

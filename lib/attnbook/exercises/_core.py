@@ -387,7 +387,8 @@ class _Recorder(torch.overrides.TorchFunctionMode):
 
 
 def _forbidden_tables(ex: "Exercise"):
-    """(code object -> label, torch function -> (label, predicate)) for ``ex``."""
+    """(code object -> (label, predicate), torch function -> (label, predicate)) for ``ex``; a
+    predicate gets (args, kwargs) from torch, ((), the arguments by name) from a Python call."""
     entries = [(ex.solution, f"exercises.get({ex.name!r}).solution（本题的参考答案）")]
     entries += list(ex.forbidden)
     from ._offlimits import OFF_LIMITS  # noqa: PLC0415  (imports the library's modules)
@@ -399,10 +400,10 @@ def _forbidden_tables(ex: "Exercise"):
         target, label = entry[0], entry[1]
         pred = entry[2] if len(entry) > 2 else None
         found = _codes(target)
-        if found and pred is None:
+        if found:  # a Python function: seen by its code; a predicate reads its arguments
             for code in found:
-                codes.setdefault(code, label)
-        else:
+                codes.setdefault(code, (label, pred))
+        if not found or pred is not None:  # a torch function (F.* also dispatch through it)
             funcs[target] = (label, pred)
     return codes, funcs
 
@@ -436,8 +437,8 @@ def _call(ex: "Exercise", fn, args, kwargs, out: io.StringIO):
     hits: list = []
     if fn is not ex.solution:  # the forbidden function itself passed as the answer
         for code in _codes(fn):
-            if code in codes and codes[code] not in hits:
-                hits.append(codes[code])
+            if code in codes and codes[code][1] is None and codes[code][0] not in hits:
+                hits.append(codes[code][0])
         try:
             if fn in funcs and funcs[fn][1] is None:
                 hits.append(funcs[fn][0])
@@ -447,9 +448,16 @@ def _call(ex: "Exercise", fn, args, kwargs, out: io.StringIO):
 
     def profile(frame, event, arg):
         if event == "call":
-            label = codes.get(frame.f_code)
-            if label is not None and label not in hits and not _caller_is_package(frame.f_back):
-                hits.append(label)
+            entry = codes.get(frame.f_code)
+            if entry is None or entry[0] in hits or _caller_is_package(frame.f_back):
+                return
+            if entry[1] is not None:
+                try:
+                    if not entry[1]((), dict(frame.f_locals)):
+                        return
+                except Exception:  # noqa: BLE001  (a predicate never breaks the run)
+                    return
+            hits.append(entry[0])
 
     ret, outputs, exc = None, {}, None
     old_profile = sys.getprofile()

@@ -21,7 +21,24 @@ def _smoothing(args, kwargs) -> bool:
     return float(kwargs.get("label_smoothing", args[5] if len(args) > 5 else 0.0) or 0.0) != 0.0
 
 
+def _causal(args, kwargs) -> bool:
+    """attention_ref / attention / attention_tiled / SDPA asked to build the causal mask itself
+    (``causal=``, ``is_causal=True`` or a CausalBias such as causal_lower_right)."""
+    if kwargs.get("causal") or kwargs.get("is_causal") or (len(args) > 5 and args[5]):
+        return True
+    mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
+    return type(mask).__name__ == "CausalBias"
+
+
 _SDPA = (F.scaled_dot_product_attention, "F.scaled_dot_product_attention")
+# the causal exercises: attention itself is allowed with an explicit mask, not the alignment
+_ATTN_CAUSAL = ((reference.attention_ref, "attnbook.attention_ref(causal=…)", _causal),
+                (dispatch.attention, "attnbook.attention(causal=…)", _causal),
+                (flash.attention_tiled, "attnbook.flash.attention_tiled(causal=…)", _causal),
+                (F.scaled_dot_product_attention,
+                 "F.scaled_dot_product_attention(is_causal=True / causal_lower_right)", _causal),
+                (reference.causal_mask, "attnbook.causal_mask"),
+                (reference.fold_causal, "attnbook.reference.fold_causal"))
 _ATTN = ((reference.attention_ref, "attnbook.attention_ref"),
          (dispatch.attention, "attnbook.attention"),
          (flash.attention_tiled, "attnbook.flash.attention_tiled"), _SDPA,
@@ -50,8 +67,7 @@ OFF_LIMITS = {
     "ch03.context": ((reference.masked_softmax, "attnbook.masked_softmax"), *_ATTN),
     "ch04.masked_softmax": ((reference.masked_softmax, "attnbook.masked_softmax"),),
     "ch04.attention": _ATTN,
-    "ch04.causal_attention": (*_ATTN, (reference.causal_mask, "attnbook.causal_mask"),
-                              (reference.fold_causal, "attnbook.reference.fold_causal")),
+    "ch04.causal_attention": _ATTN_CAUSAL,
     "ch05.split_heads": ((multihead.split_heads, "attnbook.multihead.split_heads"),),
     "ch05.merge_heads": ((multihead.merge_heads, "attnbook.multihead.merge_heads"),),
     "ch05.repeat_kv": ((multihead.repeat_kv, "attnbook.multihead.repeat_kv"),),
@@ -81,7 +97,7 @@ OFF_LIMITS = {
                           (reference.padding_mask, "attnbook.padding_mask")),
     "ch11.kv_step": ((cache.KVCache.update, "attnbook.cache.KVCache"),
                      (cache.CachedAttention.forward, "attnbook.cache.CachedAttention"),
-                     *_ATTN),
+                     *_ATTN_CAUSAL),
     "ch11.sampling_probs": ((sampling.filter_logits, "attnbook.sampling.filter_logits"),
                             (sampling.sample_next, "attnbook.sampling.sample_next")),
 }
