@@ -362,3 +362,16 @@ def test_a_bug_equal_to_the_answer_on_the_case_is_not_named():
 
     ok, text = run("ch06.rope", rope_float32_angles)
     assert not ok and "positions" not in text.split("提示：")[1], text
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.uint8, torch.int64])
+def test_decoder_mask_reports_the_dtype_actually_returned(dtype):
+    def mask_in(tgt_pad):
+        t = tgt_pad.shape[1]
+        return (torch.ones(t, t, dtype=torch.bool).tril()[None, None]
+                & tgt_pad[:, None, None, :]).to(dtype)
+
+    ok, text = run("ch10.decoder_mask", mask_in)
+    name = str(dtype).replace("torch.", "")
+    assert not ok and f"应是 bool 张量" in text and f"dtype 是 {name}" in text, text
+    assert "浮点" not in text

@@ -131,6 +131,7 @@ class Exercise:
     # ``solution`` is always off limits.
     forbidden: tuple = ()
     autograd: bool = True  # False: ``fn`` runs in torch.inference_mode, autograd off limits
+    bool_result: bool = False  # True: the result must be a bool tensor (a mask), compared as 0/1
 
     @property
     def params(self) -> list:
@@ -222,6 +223,10 @@ def _compare(ex: Exercise, case: Case, label: str, got, expected, inputs) -> Fai
         return Failure("type", **fail)
     if got.layout != torch.strided:
         return Failure("layout", **fail)
+    if ex.bool_result:
+        if got.dtype != torch.bool:
+            return Failure("bool_dtype", **fail)
+        got = got.double()
     if not (got.is_floating_point() and got.dtype in (torch.float16, torch.bfloat16,
                                                       torch.float32, torch.float64)):
         return Failure("dtype", **fail)

@@ -200,6 +200,9 @@ def _problem(f) -> list:
     if f.kind == "forbidden":
         return [f"你的函数调用了本题不许用的 {'、'.join(f.forbidden)}：这一题要你自己写出"
                 "这一步。"]
+    if f.kind == "bool_dtype":
+        return [f"{what}应是 bool 张量（True = 可以关注），得到的 dtype 是 "
+                f"{str(f.got.dtype).replace('torch.', '')}。"]
     if f.kind == "layout":
         return [f"{what}是 {str(f.got.layout).replace('torch.', '')} 布局的张量，应是普通的"
                 "稠密张量（strided）。"]

@@ -247,9 +247,7 @@ MASK_BUGS = {
 
 
 def _mask_run(fn, args, kwargs):
-    ret = fn(*args, **kwargs)
-    if isinstance(ret, torch.Tensor):                 # bool compared as 0/1; any other dtype
-        return ret, {OUT: ret.double() if ret.dtype == torch.bool else ret.long()}  # fails
+    ret = fn(*args, **kwargs)  # check compares a bool result as 0/1 (bool_result=True)
     return ret, {OUT: ret}
 
 
@@ -282,7 +280,7 @@ MASK_MESSAGES = {
 def _mask_hint(f):
     if f.kind == "shape":
         return ("形状应是 (B, 1, T, T)：中间的 1 是头的维度，这样掩码能广播到 (B, H, T, T) 的分数上。")
-    if f.kind in ("dtype", "type"):
+    if f.kind in ("dtype", "type", "bool_dtype"):
         return "返回一个 bool 张量（True = 可以关注），形状 (B, 1, T, T)。"
     if f.kind != "value":
         return None
@@ -295,4 +293,4 @@ def _mask_hint(f):
 
 
 register(Exercise("ch10.decoder_mask", "解码器自注意力的掩码", decoder_mask, MASK_BUGS, _mask_cases,
-                  (_mask_hint,), run=_mask_run))
+                  (_mask_hint,), run=_mask_run, bool_result=True))
