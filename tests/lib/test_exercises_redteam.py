@@ -375,3 +375,27 @@ def test_decoder_mask_reports_the_dtype_actually_returned(dtype):
     name = str(dtype).replace("torch.", "")
     assert not ok and f"应是 bool 张量" in text and f"dtype 是 {name}" in text, text
     assert "浮点" not in text
+
+
+def _pe(n, d, exponent):
+    p = torch.arange(n, dtype=torch.float64)[:, None]
+    a = p * torch.exp(-math.log(1e4) * exponent / d)
+    return torch.stack([torch.sin(a), torch.cos(a)], -1).flatten(-2)
+
+
+@pytest.mark.parametrize("exponent,word", [
+    (lambda d: torch.arange(0, d, 2, dtype=torch.float64) / 2, "少了那个 2"),
+    (lambda d: torch.div(torch.arange(0, d, 2), d, rounding_mode="floor").double() * d,
+     "整数除法"),
+])
+def test_sinusoidal_hints_name_the_exponent_mistake(exponent, word):
+    ok, text = run("ch06.sinusoidal", lambda n, d: _pe(n, d, exponent(d)))
+    assert not ok and "".join(word.split()) in "".join(text.split("提示：")[1].split()), text
+
+
+def test_a_wrong_schedule_is_not_called_float32():
+    def precedence(steps, d_model, warmup):  # warmup ** -3/2 = warmup^-3 / 2
+        return d_model ** -0.5 * torch.minimum(steps ** -0.5, steps * warmup ** -3 / 2)
+
+    ok, text = run("ch10.noam_lr", precedence)
+    assert not ok and "float32" not in text.split("提示：")[1], text

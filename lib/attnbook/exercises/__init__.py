@@ -11,12 +11,16 @@ The reader writes a function in a stub cell and calls ``check``::
 
 ``check(name, fn)`` runs the exercise's hidden, randomized (seeded, so repeatable) cases
 against the library's reference, in float64 where the maths is exact and by the library's
-tolerance rule (``attnbook.testing``) for float32/float16 results. It returns True after a
-one-line ✓, or False after explaining the first failing case in plain Chinese: the inputs,
+tolerance rule (``attnbook.tolerance``) for float32/float16 results. It returns a truthy
+``Verdict`` after a one-line ✓ (IPython does not echo it), or a falsy one after explaining the
+first failing case in plain Chinese: the inputs,
 the position, expected vs got, and a hint that names the mistake's symptom. It never raises
 on a wrong answer; an exception inside ``fn`` is reported. Right values are not enough: the
 result keeps its inputs' dtype (float16 in, float16 out) and ``fn`` leaves its arguments as it
-found them (no ``masked_fill_`` on the caller's scores, no ``q /= ...``). ``get(name)`` gives the
+found them (no ``masked_fill_`` on the caller's scores, no ``q /= ...``). The method is the lesson:
+an answer that calls what the exercise rules out (``_offlimits.OFF_LIMITS``: the library's own
+implementation, torch's one-call equivalent, the exercise's own ``solution``) is rejected, naming
+the call; ``ch09.attention_backward`` runs with autograd off. ``get(name)`` gives the
 :class:`Exercise` with ``.solution`` (the reference, with the reader's signature) and ``.bugs``
 (name -> function: the gallery of classic bugs, each of which ``check`` must reject);
 ``list()`` names every exercise. No extra install: only torch and the library.

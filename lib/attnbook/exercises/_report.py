@@ -323,8 +323,6 @@ def generic_hint(f) -> str:
         return "NaN 通常来自 0/0、inf − inf 或 log(0)：检查分母和被减去的最大值。"
     if f.kind == "inf":
         return "inf 通常来自 exp 的溢出或除以 0：先减去最大值，分母不能为 0。"
-    if f.kind == "exception" and type(f.exc).__name__ == "_Timeout":
-        return "检查循环的结束条件（例如 while 里的变量有没有更新）。"
     return "对照这一行的期望值和你的值，把这个小例子手算一遍。"
 
 

@@ -95,6 +95,11 @@ def _hint(f):
     for bug, text in _HINTS:
         if close(f.got, bug(n, d), atol=1e-3):
             return text
+    ones = _interleave(*(f(torch.arange(n, dtype=torch.float64)[:, None].expand(n, d // 2))
+                         for f in (torch.sin, torch.cos)))
+    if close(f.got, ones, atol=1e-3):
+        return ("你的频率全是 1：指数 2i/d 像是用了整数除法（//），结果都是 0。"
+                "用浮点数计算指数：torch.arange(0, d, 2, dtype=torch.float64) / d。")
     if n > 1 and d >= 4:  # read omega_1 off PE(1)[2] = sin(omega_1), then the base it implies
         omega = math.asin(max(-1.0, min(1.0, float(f.got[1, 2]))))
         base = omega ** (-d / 2) if 0 < omega < 1 else None
