@@ -399,3 +399,14 @@ def test_a_wrong_schedule_is_not_called_float32():
 
     ok, text = run("ch10.noam_lr", precedence)
     assert not ok and "float32" not in text.split("提示：")[1], text
+
+
+def test_ipython_shows_no_repr_for_the_verdict():
+    ipython = pytest.importorskip("IPython")
+    from IPython.core.interactiveshell import InteractiveShell
+    shell = InteractiveShell.instance()
+    data, _ = shell.display_formatter.format(check("ch04.masked_softmax", ms_global_max))
+    assert data == {}
+    data, _ = shell.display_formatter.format(False)  # control: a bare bool is shown
+    assert data.get("text/plain") == "False"
+    assert ipython

@@ -528,12 +528,12 @@ def _check_seed(seed) -> None:
         raise ValueError(f"check: `seed` must be an int in [0, 2**32), got {seed}")
 
 
-def check(name: str, fn: Callable, *, seed: int = 0) -> bool:
+def check(name: str, fn: Callable, *, seed: int = 0) -> Verdict:
     """Run exercise ``name``'s hidden cases on the reader's ``fn``; print the verdict in Chinese.
 
     Returns a :class:`Verdict`, truthy when every case passes (after a one-line ✓), else falsy
-    after explaining the first failing case: its inputs, the position, expected vs got, and a hint naming the
-    mistake's symptom. A wrong answer, a wrong shape/dtype, NaN/inf and an exception raised
+    after explaining the first failing case: its inputs, the position, expected vs got, and a
+    hint naming the mistake's symptom. A wrong answer, a wrong shape/dtype, NaN/inf and an exception raised
     inside ``fn`` are all reported, never raised. So is a result in another dtype than the
     inputs, and a change ``fn`` makes to its arguments in place (the caller's tensors). A stub
     counts as "还没有实现": on the first case ``fn`` raises NotImplementedError, returns

@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import cache, dispatch, flash, layers, multihead, positional, reference, rnn, sampling, train
+from .. import (cache, dispatch, flash, layers, multihead, positional, reference, rnn, sampling,
+               train)
 
 __all__ = ["OFF_LIMITS", "labels"]
 
@@ -62,7 +63,8 @@ OFF_LIMITS = {
                               (torch.linalg.multi_dot, "torch.linalg.multi_dot"),
                               (torch.chain_matmul, "torch.chain_matmul")),
     "ch02.sequence_logprob": (),
-    "ch02.token_cross_entropy": ((train.token_cross_entropy, "attnbook.train.token_cross_entropy"),),
+    "ch02.token_cross_entropy": ((train.token_cross_entropy,
+                                  "attnbook.train.token_cross_entropy"),),
     "ch03.additive_score": ((reference.additive_scores, "attnbook.additive_scores"),),
     "ch03.context": ((reference.masked_softmax, "attnbook.masked_softmax"), *_ATTN),
     "ch04.masked_softmax": ((reference.masked_softmax, "attnbook.masked_softmax"),),

@@ -112,7 +112,8 @@ def _hint(f):
                         "用浮点数计算指数：torch.arange(0, d, 2, dtype=torch.float64) / d。")
             return (f"频率的底数应是 10000：ω_i = 10000^(−2i/d)；你的结果像是用了 {base:.6g}。"
                     "第 0、1 列（i = 0，ω_0 = 1）与底数无关，所以从第 2 列开始不同。")
-    return precision_hint(f) or "逐列检查：第 2i 列是 sin(p / 10000^(2i/d))，第 2i+1 列是 cos(p / 10000^(2i/d))。"
+    return precision_hint(f) or ("逐列检查：第 2i 列是 sin(p / 10000^(2i/d))，"
+                                 "第 2i+1 列是 cos(p / 10000^(2i/d))。")
 
 
 def _low_atol(case, dtype):
