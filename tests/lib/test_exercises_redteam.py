@@ -410,3 +410,25 @@ def test_ipython_shows_no_repr_for_the_verdict():
     data, _ = shell.display_formatter.format(False)  # control: a bare bool is shown
     assert data.get("text/plain") == "False"
     assert ipython
+
+
+def test_check_restores_the_profiler_and_the_torch_function_modes():
+    import sys
+    from torch.overrides import _get_current_function_mode_stack
+
+    def boom(scores, mask):
+        raise RuntimeError("boom")
+
+    marker = []
+    prof = lambda frame, event, arg: marker.append(event) if False else None  # noqa: E731
+    sys.setprofile(prof)
+    try:
+        for fn in (boom, ms_manual, _solution_of("ch04.masked_softmax")):
+            run("ch04.masked_softmax", fn)
+            assert sys.getprofile() is prof
+    finally:
+        sys.setprofile(None)
+    assert _get_current_function_mode_stack() == []
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+    run("ch09.attention_backward", _autograd_backward)
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
