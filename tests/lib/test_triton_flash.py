@@ -40,6 +40,7 @@ from hypothesis import strategies as st
 from attnbook._policy import DOUBLE_BACKWARD_ERROR
 from attnbook.reference import attention_ref, padding_mask, visible_keys
 from attnbook.testing import assert_close_to_reference, max_abs_error
+from attnbook.tolerance import rounding_step
 from attnbook.testing import NEG_INF, import_triton_flash, lse_ref
 from attnbook.testing import rand as _rand
 
@@ -111,6 +112,37 @@ def delta_rounding(q, k, v, scale=None):
     return {"dq": step * float(k.abs().max()), "dk": step * float(q.abs().max())}
 
 
+def recompute_rounding(q, k, v, *, mask=None, causal=False, scale=None):
+    """Extra error allowed in dq, dk, dv because the backward recomputes P instead of keeping it.
+
+    FlashAttention's backward recomputes S = scale * Q K^T tile by tile and P = exp(S - lse) with
+    the forward's lse. The same dot product summed in another order (another tile shape, another
+    BLAS kernel under the interpreter: FMA or not) differs by a few fp32 rounding steps of
+    scale * |q_i| . |k_j|, and lse carries its own; so P_ij moves by a relative
+    delta_ij = 4 eps scale (|q_i| . |k_j|). The naive backward reuses the P it saved: it has no
+    such term, and the 3 x naive rule cannot cover it. To first order dS_ij = P_ij (dP_ij - D_i +
+    dlse_i) moves by delta_ij P_ij |dP_ij - D_i + dlse_i|, which dq = scale dS K and
+    dk = scale dS^T Q carry; dv = P^T dO moves by delta_ij P_ij |dO_i|. Computed in float64 from
+    the upstream gradients `loss` uses. With logits near 1e4 (one fp32 step there is 1e-3) this
+    dominates dk; on an AMD EPYC (OpenBLAS's Haswell kernels) it is what the large-logit case
+    needed, where an Intel Xeon's kernels happened to agree between the two passes.
+    """
+    q64, k64, v64 = (x.detach().double() for x in (q, k, v))
+    scale = scale or 1 / math.sqrt(q.shape[-1])
+    s = scale * (q64 @ k64.transpose(-2, -1))
+    vis = visible_keys(mask, causal, s.shape[-2], s.shape[-1], device=s.device).expand(s.shape)
+    p = torch.softmax(s.masked_fill(~vis, -math.inf), dim=-1).nan_to_num(0.0)
+    g_out = rand(*q.shape[:3], v.shape[-1], seed=1, dtype=torch.float64)
+    g_lse = rand(*q.shape[:3], seed=2, dtype=torch.float64).masked_fill(~vis.any(-1), 0.0)
+    dp = g_out @ v64.transpose(-2, -1)
+    g = (dp - (p * dp).sum(-1, keepdim=True) + g_lse[..., None]).abs()
+    w = 4 * torch.finfo(torch.float32).eps * scale * (q64.abs() @ k64.abs().transpose(-2, -1)) * p
+    bounds = {"dq": scale * (w * g) @ k64.abs(), "dk": scale * (w * g).transpose(-2, -1) @ q64.abs(),
+              "dv": w.transpose(-2, -1) @ g_out.abs()}
+    shapes = {"dq": q.shape, "dk": k.shape, "dv": v.shape}  # a broadcast input sums its heads
+    return {n: float(b.sum_to_size(shapes[n]).max()) if b.numel() else 0.0 for n, b in bounds.items()}
+
+
 def run_and_compare(q, k, v, *, mask=None, causal=False, scale=None, blocks=None, grad_step=None):
     """Kernel vs float64 reference by the FlashAttention rule, for out, lse, dq, dk, dv."""
     q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
@@ -124,18 +156,22 @@ def run_and_compare(q, k, v, *, mask=None, causal=False, scale=None, blocks=None
         results[dtype] = (r_out, r_lse, *(x.grad for x in inputs))
     assert torch.equal(torch.isinf(res.lse), torch.isinf(results[torch.float64][1]))  # same empty rows
     finite = torch.isfinite(results[torch.float64][1])
+    recomp = recompute_rounding(q, k, v, mask=mask, causal=causal, scale=scale)
     names = ("out", "lse", "dq", "dk", "dv")
     for i, (name, actual) in enumerate(zip(names, (res.out, res.lse, q.grad, k.grad, v.grad))):
         ref64, naive = results[torch.float64][i], results[q.dtype][i]
         if name == "lse":
             actual, naive, ref64 = actual[finite], naive[finite], ref64[finite]
         factor = 2.0 if name in ("out", "lse") else 3.0
+        extra = recomp.get(name, 0.0)  # the backward's recomputed P (recompute_rounding)
         if grad_step and name in grad_step:
             err, base = max_abs_error(actual, ref64), max_abs_error(naive, ref64)
-            bound = factor * base + grad_step[name]
-            assert err <= bound, f"{name}: error {err:.3e} > {factor} x naive {base:.3e} + {grad_step[name]:.3e}"
+            bound = factor * base + grad_step[name] + extra
+            assert err <= bound, (f"{name}: error {err:.3e} > {factor} x naive {base:.3e} + {grad_step[name]:.3e}"
+                                  f" + recompute {extra:.3e}")
         else:
-            assert_close_to_reference(actual, naive.to(actual.dtype), ref64, factor=factor, name=name)
+            step = rounding_step(ref64, actual.dtype) + extra if actual.dtype != torch.float64 else None
+            assert_close_to_reference(actual, naive.to(actual.dtype), ref64, factor=factor, name=name, step=step)
     return res.out, res.lse, q.grad, k.grad, v.grad
 
 
