@@ -86,7 +86,8 @@ class DecoderBlock(nn.Module):
 
         ``head_mask`` ``(H,)`` scales each head's output before ``W^O`` (0 = pruned).
         """
-        res = self.self_attn(self.norm1(x), causal="bottom_right", cache=cache,  # new = last
+        # the new tokens are the last positions: bottom-right causal alignment
+        res = self.self_attn(self.norm1(x), causal="bottom_right", cache=cache,
                              need_weights=need_weights, head_mask=head_mask)
         x = x + self.dropout(res.out)
         x = x + self.dropout(self.ffn(self.norm2(x)))
@@ -129,9 +130,10 @@ class GPT(nn.Module):
         """Logits for the next token at every position of ``ids`` ``(B, T)``.
 
         With ``cache`` (from :meth:`new_cache`: one distinct self-attention ``KVCache`` per
-        block, all holding the same number t of positions), ``ids`` are the NEW tokens: they
-        sit at positions ``t, t + 1, ...`` and their keys and values are appended. A list that
-        repeats one cache object, or caches of different lengths, raises ``ValueError``.
+        block, all holding the same number t of positions), ``ids`` are the NEW tokens:
+        they sit at positions ``t, t + 1, ...`` and their keys and values are appended.
+        A list that repeats one cache object, or caches of different lengths, raises
+        ``ValueError``.
         ``head_mask`` ``(n_layers, n_heads)`` (e.g. from :func:`head_mask`) multiplies
         each head's output before its block's ``W^O``: 0 prunes that head.
         """
@@ -167,9 +169,9 @@ def lm_loss(logits: torch.Tensor, ids: torch.Tensor, *,
 
     Chapter 02's factorisation, one term per position. ``logits`` ``(B, T, V)`` from
     ``GPT(ids)``, ``ids`` ``(B, T)`` (``torch.long``, each in ``[0, V)`` or equal to
-    ``pad_id``): the logits at position t are scored against the token at t + 1 (the shift
-    happens here). With every target PAD the mean is over nothing: NaN (``perplexity`` and
-    ``mean_loss`` raise instead).
+    ``pad_id``): the logits at position t are scored against the token at t + 1 (the
+    shift happens here). With every target PAD the mean is over nothing: NaN
+    (``perplexity`` and ``mean_loss`` raise instead).
     """
     _check_lm_loss(logits, ids, pad_id)
     pred, target = logits[:, :-1], ids[:, 1:]               # position t predicts t + 1

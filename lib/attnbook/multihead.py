@@ -240,7 +240,8 @@ class MultiHeadAttention(nn.Module):
         """
         key = query if key is None else key
         value = key if value is None else value
-        align = _check_forward(self, query, key, value, mask, causal, need_weights, head_mask)
+        align = _check_forward(self, query, key, value, mask, causal, need_weights,
+                               head_mask)
         q, k, v = self._project(query, key, value)
         mask, causal = fold_causal(mask, align, q.shape[2], k.shape[2], device=q.device)
         return self._attend(q, k, v, mask, causal, need_weights, head_mask)

@@ -157,7 +157,7 @@ def apply_rope(x: torch.Tensor, positions=None, *, base: float = 10000.0,
         A tensor like ``x``; norms are preserved. Angles are computed in float64, then
         cast.
     """
-    positions = _resolve_rope_args(x, positions, base, pairing)  # checked; None -> 0 .. T - 1
+    positions = _resolve_rope_args(x, positions, base, pairing)  # None -> 0 .. T - 1
     d = x.shape[-1]
     omega = frequencies(d, base=base, device=x.device)  # (D/2,)
     angle = positions.to(torch.float64)[..., None] * omega  # (..., T, D/2)
@@ -232,17 +232,17 @@ def alibi_bias(n_heads: int, tq: int, tk: int | None = None, *, symmetric: bool 
 
     This is eq-ch06-alibi.
 
-    ``bias[h, i, j] = -m_h * (p_i - j)`` for keys at or before the query (``j <= p_i``), the
-    *penalty* of Press et al. (distant keys lose score); ``p_i`` is query i's position. ALiBi
-    was defined for causal language models, so keys after the query get ``-inf``: the bias
-    already contains the causal mask, and passing ``causal=True`` as well changes nothing
-    when the alignments agree (``reference.CAUSAL_ALIGNMENTS``):
+    ``bias[h, i, j] = -m_h * (p_i - j)`` for keys at or before the query (``j <= p_i``),
+    the *penalty* of Press et al. (distant keys lose score); ``p_i`` is query i's
+    position. ALiBi was defined for causal language models, so keys after the query get
+    ``-inf``: the bias already contains the causal mask, and passing ``causal=True`` as
+    well changes nothing when the alignments agree (``reference.CAUSAL_ALIGNMENTS``):
 
-    - ``align="top_left"`` (default): ``p_i = i``, the queries are the first ``tq`` positions
-      (like ``causal_mask`` and ``causal=True`` in ``attention``);
+    - ``align="top_left"`` (default): ``p_i = i``, the queries are the first ``tq``
+      positions (like ``causal_mask`` and ``causal=True`` in ``attention``);
     - ``align="bottom_right"``: ``p_i = i + tk - tq``, the queries are the last ``tq``
-      positions, which is what a decoding step with a key/value cache needs (its rows are the
-      last ``tq`` rows of ``alibi_bias(H, tk)``).
+      positions, which is what a decoding step with a key/value cache needs (its rows
+      are the last ``tq`` rows of ``alibi_bias(H, tk)``).
 
     ``symmetric=True`` is an *extension* for bidirectional attention, not in the paper:
     ``-m_h * |p_i - j|`` for every key, no mask.
@@ -250,12 +250,14 @@ def alibi_bias(n_heads: int, tq: int, tk: int | None = None, *, symmetric: bool 
     The bias is added after the ``1/sqrt(D)`` scaling (that is where ``attention`` adds
     masks).
 
-    Args: n_heads, tq, tk (default tq); symmetric; align; dtype (default the default dtype).
+    Args: n_heads, tq, tk (default tq); symmetric; align; dtype (default: the default
+    dtype).
     Returns: ``(n_heads, tq, tk)``; broadcasts against ``(B, H, Tq, Tk)`` scores (for
     2-D single-head inputs ``(T, D)`` pass ``alibi_bias(1, T)[0]``).
     """
     n_heads, dtype = _check_alibi("alibi_bias", n_heads, dtype, device)
-    tq, tk, symmetric, offset = _check_alibi_bias(tq, tk, symmetric, align)   # offset: 0 or tk - tq
+    # offset: 0 (top-left) or tk - tq (bottom-right)
+    tq, tk, symmetric, offset = _check_alibi_bias(tq, tk, symmetric, align)
     i = offset + torch.arange(tq, dtype=torch.float64, device=device)[:, None]   # p_i
     j = torch.arange(tk, dtype=torch.float64, device=device)[None, :]
     # (H, 1, 1)

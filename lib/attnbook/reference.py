@@ -150,15 +150,15 @@ def additive_scores(
 
 def causal_mask(tq: int, tk: int | None = None, *, align: str = "top_left",
                 device=None) -> torch.Tensor:
-    """Causal mask (chapter 04, eq-ch04-causal-mask): query i may see key j iff j <= i + offset.
+    """Causal mask (eq-ch04-causal-mask): query i may see key j iff j <= i + offset.
 
     ``align="top_left"`` (default): offset 0, like
     ``scaled_dot_product_attention(is_causal=True)``. ``align="bottom_right"``: offset
-    ``tk - tq``, the queries are the last ``tq`` of ``tk`` positions (incremental decoding;
-    torch's ``causal_lower_right``). The two agree when ``tq == tk``; with bottom-right and
-    ``tq > tk`` the first ``tq - tk`` rows see no key.
+    ``tk - tq``, the queries are the last ``tq`` of ``tk`` positions (incremental
+    decoding; torch's ``causal_lower_right``). The two agree when ``tq == tk``; with
+    bottom-right and ``tq > tk`` the first ``tq - tk`` rows see no key.
 
-    Args: tq, tk (default ``tq``), both >= 0; align ``"top_left"`` or ``"bottom_right"``.
+    Args: tq, tk (default ``tq``), both >= 0; align ``"top_left"`` / ``"bottom_right"``.
     Returns a bool tensor ``(tq, tk)``, True = may attend.
     """
     tq, tk, offset = _check_causal_mask(tq, tk, align, device)   # offset: 0 or tk - tq
@@ -337,9 +337,10 @@ def attention_ref(q, k, v, *, mask=None, causal=False, scale=None):
         q: ``(..., Tq, D)``; k: ``(..., Tk, D)``; v: ``(..., Tk, Dv)``.
         mask: bool (True = may attend) or additive float, broadcastable to
             ``(..., Tq, Tk)``.
-        causal: also forbid key j > query i (top-left aligned, as SDPA's ``is_causal``; a
-            bool). For the bottom-right alignment pass
-            ``mask=causal_mask(Tq, Tk, align="bottom_right")`` instead (module docstring).
+        causal: also forbid key j > query i (top-left aligned, as SDPA's
+            ``is_causal``; a bool). For the bottom-right alignment pass
+            ``mask=causal_mask(Tq, Tk, align="bottom_right")`` instead (module
+            docstring).
         scale: softmax scale, default ``1/sqrt(D)``.
     Returns:
         :class:`AttentionResult` ``(out, lse, weights)``: ``out (..., Tq, Dv)``, the row
