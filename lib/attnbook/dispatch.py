@@ -262,8 +262,7 @@ def attention(q, k, v, *, mask=None, causal=False, scale=None, backend: str = "a
     The log-sum-exp: ``attention`` returns ``out`` only. The kernels behind it return
     ``AttentionResult(out, lse, weights)``, and the one rule for their ``lse`` is that it is
     differentiable (a loss on it sends gradients to q, k and a float mask) in
-    ``attention_tiled`` and ``attention_triton``; ``attention_ref``'s follows the same rule
-    once its ``lse`` is no longer detached (tracked in issue 30).
+    ``attention_ref``, ``attention_tiled`` and ``attention_triton``.
     """
     check_choice("backend", backend, ("auto", *BACKENDS), fn="attention")
     scale = check_attention_args(q, k, v, mask, scale, fn="attention")

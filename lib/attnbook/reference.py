@@ -65,8 +65,8 @@ class AttentionResult(NamedTuple):
         out: ``(..., Tq, Dv)``, in the input dtype; differentiable.
         lse: ``(..., Tq)``, the natural-log log-sum-exp of each row of the scaled, masked scores
             (``-inf`` for a row with no allowed key). A statistic for tests and for combining
-            partial results; ``attention_triton`` also propagates gradients through it, the
-            other kernels return it detached.
+            partial results; differentiable in every kernel (a loss on it sends gradients to
+            q, k and a float mask; a row with no allowed key gets a zero gradient).
         weights: ``(..., Tq, Tk)``, the softmax weights, only from kernels that materialise them
             (``attention_ref``); ``None`` from the tiled and Triton kernels.
     """
@@ -362,10 +362,13 @@ def attention_ref(q, k, v, *, mask=None, causal=False, scale=None):
     # NaN + -inf = NaN.
     scores = scores.masked_fill(~visible, float("-inf"))
     weights = masked_softmax(scores)  # (..., Tq, Tk)
-    # detached before the reduction: logsumexp would otherwise keep the scores for
-    # a backward
+    # lse is differentiable (the rule of every kernel): d lse / d score = weight. A row
+    # with no allowed key gets -inf and a zero gradient (logsumexp of all -inf would
+    # give NaN gradients), so its scores are replaced by 0 before the reduction.
     if tk:
-        lse = torch.logsumexp(scores.detach(), dim=-1)
+        open_row = visible.any(dim=-1, keepdim=True)  # (..., Tq, 1)
+        lse = torch.logsumexp(scores.masked_fill(~open_row, 0.0), dim=-1)
+        lse = lse.masked_fill(~open_row[..., 0], float("-inf"))
     else:
         lse = scores.new_full(scores.shape[:-1], float("-inf"))
     if not has_nonfinite(v):

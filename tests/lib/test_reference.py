@@ -229,3 +229,44 @@ def test_numpy_ints_are_ints_and_no_keys_gives_zeros():
     assert out.shape == (2, 3, 5) and w.shape == (2, 3, 0) and torch.equal(out, torch.zeros_like(out))
     out.sum().backward()
     assert torch.equal(q.grad, torch.zeros_like(q))
+
+
+# ------------------------------------------------------------------ issue 30: one rule for lse
+def test_reference_lse_is_differentiable_with_the_softmax_as_its_gradient():
+    """d lse_i / d s_ij = P_ij: the gradient of a loss on ``attention_ref``'s lse, written by hand
+    in float64 (dS = w_lse[:, None] * P, dq = scale * dS k, dk = scale * dS^T q, dbias = dS),
+    and the same as the tiled kernel's (the rule every kernel follows)."""
+    from attnbook.flash import attention_tiled
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(6, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    bias = torch.randn(6, 6, generator=g, dtype=torch.float64)
+    w = torch.randn(6, generator=g, dtype=torch.float64)
+    leaves = [t.clone().requires_grad_() for t in (q, k, bias)]
+    res = attention_ref(leaves[0], leaves[1], v, mask=leaves[2], causal=True)
+    assert res.lse.requires_grad
+    got = torch.autograd.grad((res.lse * w).sum(), leaves)
+    scale = 4 ** -0.5
+    s = scale * q @ k.T + bias
+    s = s.masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), float("-inf"))
+    p = torch.exp(s - s.max(-1, keepdim=True).values)
+    p = p / p.sum(-1, keepdim=True)
+    ds = w[:, None] * p
+    want = (scale * ds @ k, scale * ds.T @ q, ds)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    tiled = [t.clone().requires_grad_() for t in (q, k, bias)]
+    res_t = attention_tiled(tiled[0], tiled[1], v, mask=tiled[2], causal=True, block_q=4, block_k=2)
+    for a, b in zip(got, torch.autograd.grad((res_t.lse * w).sum(), tiled)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_reference_lse_of_an_empty_row_is_minus_inf_with_zero_gradient():
+    q, k, v = (torch.randn(3, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    mask = torch.tensor([[True, True, False], [False, False, False], [True, False, True]])
+    res = attention_ref(q, k, v, mask=mask)
+    assert torch.isneginf(res.lse[1]) and torch.isfinite(res.lse[[0, 2]]).all()
+    dq, dk = torch.autograd.grad(res.lse.masked_fill(torch.isinf(res.lse), 0.0).sum(), (q, k))
+    assert torch.isfinite(dq).all() and torch.isfinite(dk).all()
+    assert not dq[1].any() and dq[0].any()
+    assert torch.autograd.gradcheck(lambda a, b: attention_ref(a, b, v.detach(), mask=mask[[0, 2]]).lse,
+                                    (q[[0, 2]].detach().requires_grad_(), k.detach().requires_grad_()))
