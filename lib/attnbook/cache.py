@@ -8,8 +8,8 @@ read. :class:`DecoderCache` holds one pair per decoder layer; beam search reorde
 ``select``.
 
 :class:`CachedAttention` is ``multihead.MultiHeadAttention`` with RoPE on queries and keys and
-such a cache. It overrides the projection step only (``_project``); the attention step
-(``_attend``: heads through ``attnbook.attention``, ``Concat(...) W^O``) is chapter 05's.
+such a cache. It overrides the projection step only (``project``); the attention step
+(``attend``: heads through ``attnbook.attention``, ``Concat(...) W^O``) is chapter 05's.
 """
 from __future__ import annotations
 
@@ -143,11 +143,11 @@ class CachedAttention(MultiHeadAttention):
         value = key if value is None else value
         align = _check_cached_forward(self, query, key, value, mask, causal, need_weights,
                                       head_mask, cache)
-        q, k, v = self._project(query, key, value, cache)
+        q, k, v = self.project(query, key, value, cache)
         mask, causal = fold_causal(mask, align, q.shape[2], k.shape[2], device=q.device)
-        return self._attend(q, k, v, mask, causal, need_weights, head_mask)
+        return self.attend(q, k, v, mask, causal, need_weights, head_mask)
 
-    def _project(self, query, key, value, cache=None):
+    def project(self, query, key, value, cache=None):
         """Step 1 with RoPE and the cache: q ``(B, H, Tq, d_k)``, k, v ``(B, H_kv, Tk, d_k)``."""
         q = split_heads(self.q_proj(query), self.n_heads)              # (B, H, Tq, d_k)
         if cache is not None and cache.static and cache.k is not None:

@@ -16,10 +16,10 @@ Grouped-query attention (``n_kv_heads < n_heads``; Ainslie et al. 2023) and mult
 attention (``n_kv_heads = 1``; Shazeer 2019) share each key/value head among
 ``n_heads // n_kv_heads`` query heads.
 
-``MultiHeadAttention.forward`` is two steps, the one path every attention module of the library
-takes: ``_project`` (``Q = query W^Q``, ``K``, ``V``, cut into heads) and ``_attend`` (each head
-through ``attnbook.attention``, then ``Concat(...) W^O``). The cached, rotary variant of chapter
-10 (``cache.CachedAttention``) overrides ``_project`` only.
+``MultiHeadAttention.forward`` is two public steps, the one path every attention module of the
+library takes: ``project`` (``Q = query W^Q``, ``K``, ``V``, cut into heads) and ``attend``
+(each head through ``attnbook.attention``, then ``Concat(...) W^O``). The cached, rotary variant
+of chapter 10 (``cache.CachedAttention``) overrides ``project`` only.
 
 ``causal`` names its alignment when ``Tq != Tk`` (``reference.CAUSAL_ALIGNMENTS``): ``True`` is
 ``"top_left"`` here (query i sees keys j <= i, as SDPA's ``is_causal``), and
@@ -242,18 +242,18 @@ class MultiHeadAttention(nn.Module):
         value = key if value is None else value
         align = _check_forward(self, query, key, value, mask, causal, need_weights,
                                head_mask)
-        q, k, v = self._project(query, key, value)
+        q, k, v = self.project(query, key, value)
         mask, causal = fold_causal(mask, align, q.shape[2], k.shape[2], device=q.device)
-        return self._attend(q, k, v, mask, causal, need_weights, head_mask)
+        return self.attend(q, k, v, mask, causal, need_weights, head_mask)
 
-    def _project(self, query, key, value):
+    def project(self, query, key, value):
         """Step 1: ``Q = query W^Q``, ``K = key W^K``, ``V = value W^V``, cut into heads."""
         q = split_heads(self.q_proj(query), self.n_heads)       # (B, H, Tq, d_k)
         k = split_heads(self.k_proj(key), self.n_kv_heads)      # (B, H_kv, Tk, d_k)
         v = split_heads(self.v_proj(value), self.n_kv_heads)    # (B, H_kv, Tk, d_k)
         return q, k, v
 
-    def _attend(self, q, k, v, mask, causal, need_weights, head_mask) -> MultiHeadOutput:
+    def attend(self, q, k, v, mask, causal, need_weights, head_mask) -> MultiHeadOutput:
         """Step 2: every ``head_i = Attention(Q_i, K_i, V_i)``, then ``Concat(...) W^O``."""
         group = self.n_heads // self.n_kv_heads
         k, v = repeat_kv(k, group), repeat_kv(v, group)  # (B, H, Tk, d_k): GQA shares

@@ -128,3 +128,14 @@ def test_every_shown_line_fits_the_code_column():
                 too_long.append(f"{caption}:{first + i} ({len(line)}): {line}")
     assert not too_long, (f"{len(too_long)} displayed lines over {MAX_WIDTH} characters:\n"
                           + "\n".join(too_long))
+
+
+def test_every_shown_name_is_public():
+    """Issue 30: what a chapter shows with ``show_source`` is public API (no ``_private`` part), so
+    a reader can call what they read and the library may not rename it silently."""
+    private = []
+    for path in CHAPTERS:
+        for target in _targets(path)[1]:
+            if any(part.startswith("_") for part in target.split(".")):
+                private.append(f"{path.name}: show_source({target})")
+    assert not private, private

@@ -116,7 +116,7 @@ def _mha(cls=MultiHeadAttention, seed=0, **kw):
 def test_modules_follow_the_loop_for_both_alignments(cls, tq, tk, align):
     m = _mha(cls)
     x, mem = rand(2, tq, 8, seed=3), rand(2, tk, 8, seed=4)
-    q, k, v = m._project(x, mem, mem)
+    q, k, v = m.project(x, mem, mem)
     heads = loop_attention(q, k, v, loop_mask(tq, tk, align))                       # (B, H, Tq, d_k)
     want = m.out_proj(heads.transpose(1, 2).reshape(2, tq, 8))
     torch.testing.assert_close(m(x, mem, causal=align).out, want, **F64_TOL)
