@@ -14,6 +14,7 @@ rule applied to the per-metric medians), :class:`Some` (on at least one run) and
 """
 from __future__ import annotations
 
+import abc
 import math
 import statistics
 from collections.abc import Sequence
@@ -48,17 +49,17 @@ def _value(metrics: dict, key: str, who: str) -> float:
     return float(value)
 
 
-class Rule:
-    """A rule about one run's metrics."""
+class Rule(abc.ABC):
+    """A rule about one run's metrics (every concrete rule defines keys, text and margin)."""
 
-    def keys(self) -> set[str]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def keys(self) -> set[str]: ...
 
-    def text(self) -> str:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def text(self) -> str: ...
 
-    def margin(self, metrics: dict) -> float:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def margin(self, metrics: dict) -> float: ...
 
     def holds(self, metrics: dict) -> bool:
         return self.margin(metrics) > 0 or (self._inclusive() and self.margin(metrics) == 0)
@@ -258,18 +259,18 @@ def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
     return lo, hi
 
 
-class Aggregate:
-    """A rule about all runs of a claim together."""
+class Aggregate(abc.ABC):
+    """A rule about all runs of a claim together (concrete ones define keys, text, evaluate)."""
 
-    def keys(self) -> set[str]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def keys(self) -> set[str]: ...
 
-    def text(self) -> str:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def text(self) -> str: ...
 
+    @abc.abstractmethod
     def evaluate(self, runs: Sequence[dict]) -> dict:
         """``{"holds": bool, "margin": float, ...}`` over the runs' metrics."""
-        raise NotImplementedError
 
     def __repr__(self):
         return f"{type(self).__name__}({self.text()!r})"
