@@ -1,0 +1,16 @@
+"""Chapter 02's exercises: (exercise, bug) -> words the hint must contain (the mistake's
+symptom, named). test_exercises.py gathers every file here; an exercise registered without rows fails."""
+SYMPTOMS = {
+    ("ch02.sequence_logprob", "raw_logits_summed"): ["logit 不是对数概率", "log_softmax"],
+    ("ch02.sequence_logprob", "product_underflows"): ["下溢", "−inf", "对数空间"],
+    ("ch02.sequence_logprob", "exp_without_max"): ["上溢", "NaN", "log_softmax"],
+    ("ch02.sequence_logprob", "logits_shifted_by_one"): ["错开了一位"],
+    ("ch02.sequence_logprob", "eos_term_dropped"): ["EOS", "少了最后一项"],
+    ("ch02.sequence_logprob", "mean_not_sum"): ["平均", "各项之和"],
+    ("ch02.sequence_logprob", "softmax_over_wrong_axis"): ["沿错了维度", "dim=-1"],
+    ("ch02.token_cross_entropy", "pad_counted"): ["PAD", "ignore_index"],
+    ("ch02.token_cross_entropy", "mean_of_sentence_means"): ["先在每个句子内平均", "词元总数"],
+    ("ch02.token_cross_entropy", "summed_not_averaged"): ["总和", "N_tok"],
+    ("ch02.token_cross_entropy", "divided_by_batch_size"): ["句子数", "N_tok"],
+    ("ch02.token_cross_entropy", "pad_id_hardcoded_zero"): ["写死成了 0", "pad_id"],
+}

@@ -1,0 +1,14 @@
+"""Chapter 06's exercises: (exercise, bug) -> words the hint must contain (the mistake's
+symptom, named). test_exercises.py gathers every file here; an exercise registered without rows fails."""
+SYMPTOMS = {
+    ("ch06.sinusoidal", "sin_cos_swapped"): ["sin 和 cos 的位置反了"],
+    ("ch06.sinusoidal", "halves_concatenated"): ["交错排列"],
+    ("ch06.sinusoidal", "pair_frequencies_differ"): ["同一个频率"],
+    ("ch06.sinusoidal", "positions_from_one"): ["位置从 0 开始"],
+    ("ch06.sinusoidal", "base_1000"): ["底数应是 10000", "像是用了 1000。"],
+    ("ch06.rope", "wrong_direction"): ["转反了"],
+    ("ch06.rope", "rotate_half_pairs"): ["相邻的两维", "rotate_half"],
+    ("ch06.rope", "per_column_frequency"): ["同一个角度", "不是按列号"],
+    ("ch06.rope", "positions_ignored"): ["传入的 positions"],
+    ("ch06.rope", "exponent_missing_2"): ["2i/D", "不是 i/D"],
+}

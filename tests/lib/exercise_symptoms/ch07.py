@@ -1,0 +1,15 @@
+"""Chapter 07's exercises: (exercise, bug) -> words the hint must contain (the mistake's
+symptom, named). test_exercises.py gathers every file here; an exercise registered without rows fails."""
+SYMPTOMS = {
+    ("ch07.feed_forward", "no_relu"): ["少了 ReLU", "仿射"],
+    ("ch07.feed_forward", "relu_on_output"): ["输出不过 ReLU"],
+    ("ch07.feed_forward", "b1_added_after_relu"): ["b1 要加在 ReLU 之前"],
+    ("ch07.feed_forward", "gelu_instead_of_relu"): ["max(0, ·)", "不是 GELU"],
+    ("ch07.feed_forward", "b2_forgotten"): ["输出偏置 b2"],
+    ("ch07.swiglu", "silu_on_the_up_branch"): ["两支用反了"],
+    ("ch07.swiglu", "sigmoid_gate"): ["不是 σ(u)", "GLU"],
+    ("ch07.swiglu", "relu_gate"): ["不是 ReLU", "ReGLU"],
+    ("ch07.swiglu", "gate_ignored"): ["少了门"],
+    ("ch07.swiglu", "branches_added"): ["逐元素相乘", "不是相加"],
+    ("ch07.swiglu", "silu_after_product"): ["在相乘之前"],
+}

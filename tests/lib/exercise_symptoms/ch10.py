@@ -1,0 +1,25 @@
+"""Chapter 10's exercises: (exercise, bug) -> words the hint must contain (the mistake's
+symptom, named). test_exercises.py gathers every file here; an exercise registered without rows fails."""
+SYMPTOMS = {
+    ("ch10.smoothed_cross_entropy", "eps_over_V_minus_1"): ["V − 1", "ε/V"],
+    ("ch10.smoothed_cross_entropy", "target_misses_its_eps_over_V"): ["1 − ε + ε/V", "不是一个分布"],
+    ("ch10.smoothed_cross_entropy", "pad_column_not_smoothed"): ["PAD 这一列也要分到 ε/V"],
+    ("ch10.smoothed_cross_entropy", "pad_positions_counted"): ["PAD 位置也算进了平均"],
+    ("ch10.smoothed_cross_entropy", "divided_by_all_positions"): ["分母", "真实词元"],
+    ("ch10.smoothed_cross_entropy", "pad_id_hard_coded_0"): ["写死成了 0", "pad_id"],
+    ("ch10.smoothed_cross_entropy", "log_of_softmax"): ["log_softmax", "下溢"],
+    ("ch10.smoothed_cross_entropy", "sum_not_mean"): ["总和", "平均"],
+    ("ch10.decoder_mask", "causal_only"): ["少了键填充"],
+    ("ch10.decoder_mask", "padding_only"): ["少了因果掩码", "tril"],
+    ("ch10.decoder_mask", "pad_hides_queries_not_keys"): ["查询（行）", "键（列）"],
+    ("ch10.decoder_mask", "diagonal_hidden"): ["对角线", "tril(-1)"],
+    ("ch10.decoder_mask", "sees_the_future"): ["上三角", "triu()"],
+    ("ch10.decoder_mask", "polarity_inverted"): ["含义反了", "True = 可以关注"],
+    ("ch10.decoder_mask", "no_head_axis"): ["(B, 1, T, T)", "广播"],
+    ("ch10.noam_lr", "max_not_min"): ["用了 max", "torch.minimum"],
+    ("ch10.noam_lr", "no_d_model_factor"): ["d_model^-0.5"],
+    ("ch10.noam_lr", "warmup_to_the_minus_1"): ["step/warmup", "warmup^-1.5"],
+    ("ch10.noam_lr", "warmup_to_the_minus_half"): ["warmup^-0.5", "warmup^-1.5"],
+    ("ch10.noam_lr", "steps_counted_from_0"): ["从 0 数了", "变成了 0"],
+    ("ch10.noam_lr", "steps_shifted_by_one"): ["多加了 1"],
+}
