@@ -132,6 +132,9 @@ class Exercise:
     forbidden: tuple = ()
     autograd: bool = True  # False: ``fn`` runs in torch.inference_mode, autograd off limits
     bool_result: bool = False  # True: the result must be a bool tensor (a mask), compared as 0/1
+    # True: a build exercise (CHAPTER.md 25): several steps that build the chapter's key idea, not a
+    # copy of code the chapter shows; every chapter checks at least one (tests/book/test_exercise_cells.py)
+    build: bool = False
 
     @property
     def params(self) -> list:
