@@ -20,7 +20,8 @@ What counts as a use (a chapter's markdown cells, cells 0 and 1 excluded: title/
 - a one-character key (键, 值) counts only where it is glossed, written `键（key）` with one of
   its English aliases, because the bare character is part of too many words (最大值, 键盘);
   so do the keys in GLOSSED_ONLY, ordinary words that the book also uses in another sense
-  (记忆: chapter 10's encoder output, but chapter 07's "键–值记忆");
+  (记忆: chapter 10's encoder output, but chapter 07's "键–值记忆"); their English aliases
+  are never a use on their own (memory: chapter 09's "Peak extra memory");
 - an occurrence that touches an emphasis delimiter from the inside (`称为**注意力**，`) where the
   link would break the emphasis under CommonMark's flanking rules, or that a backtick follows
   directly, is skipped, and the next one is linked;
@@ -274,6 +275,8 @@ class Matcher:
             if (len(name) == 1 or name in GLOSSED_ONLY) and name == entry.key \
                     and not self._glossed(text, j, entry):
                 continue
+            if entry.key in GLOSSED_ONLY and name != entry.key:
+                continue  # its English alias is an ordinary word too ("Peak extra memory")
             return name, entry
         return None
 

@@ -202,6 +202,9 @@ LINKED = {
     "one-character key, ASCII parentheses": ("键(Key)也行。", "{term}`键`(Key)也行。"),
     "a GLOSSED_ONLY word only where glossed": ("键–值记忆不算。编码器的记忆（memory）算。",
                                                 "键–值记忆不算。编码器的{term}`记忆`（memory）算。"),
+    "a GLOSSED_ONLY key's English alias alone is not a use": (
+        "Peak extra memory 与 shared memory 不算。编码器的记忆（memory）算。",
+        "Peak extra memory 与 shared memory 不算。编码器的{term}`记忆`（memory）算。"),
     "roles, links, URLs and HTML are not prose": (
         "见{ref}`注意力 <sec-x>`、{eq}`注意力`、[注意力](https://x.org/注意力)、"
         "<https://注意力.org>、https://x.org/注意力、<b title=\"注意力\">粗</b>。注意力。",
