@@ -60,27 +60,75 @@ SCORE_BUGS = {
 }
 
 
+def _v_on_the_left(s, H, W_q, W_k, v):
+    return v @ torch.tanh(s @ W_q + H @ W_k)                # v on the wrong side
+
+
+def _transposed(s, H, W_q, W_k, v):
+    return torch.tanh(s @ W_q.T + H @ W_k.T) @ v            # the column-vector habit
+
+
+def _dims(g, k, low=2, high=9):
+    """``k`` distinct sizes in [low, high) drawn from ``g`` (every dimension its own size)."""
+    return [int(i) + low for i in torch.randperm(high - low, generator=g)[:k]]
+
+
 def _score_cases(g):
     def r(*shape, scale=1.0):
         return torch.randn(shape, generator=g, dtype=torch.float64) * scale
+    n, d_s, d_h, d_a = _dims(g, 4)
+    sq_n, sq_d = _dims(g, 2)
+    bi_n, bi_s, bi_a = _dims(g, 3, 2, 7)
+    big_n, big_d, big_a = _dims(g, 3)
     return [
-        Case("d_s = d_h = d_a 的小例子", (r(3), r(4, 3), r(3, 3), r(3, 3), r(3)),
-             note="一个查询 s (3,)，n = 4 个键，W_q、W_k 都是 3×3。", tags=frozenset({"square"})),
-        Case("双向编码器：d_h = 2 d_s", (r(4), r(5, 8), r(4, 3), r(8, 3), r(3)),
-             note="s (4,)，H (5, 8)，W_q (4, 3)，W_k (8, 3)，v (3,)：两个矩阵的形状不同。"),
-        Case("输入很大：tanh 饱和", (r(3, scale=30.0), r(6, 3, scale=30.0), r(3, 2), r(3, 2),
-                                r(2)),
+        Case("每一维的大小都不同", (r(d_s), r(n, d_h), r(d_s, d_a), r(d_h, d_a), r(d_a)),
+             note=f"s ({d_s},)，H ({n}, {d_h})，W_q ({d_s}, {d_a})，W_k ({d_h}, {d_a})，"
+                  f"v ({d_a},)。"),
+        Case("d_s = d_h = d_a 的方阵", (r(sq_d), r(sq_n, sq_d), r(sq_d, sq_d), r(sq_d, sq_d),
+                                      r(sq_d)),
+             note=f"一个查询 s ({sq_d},)，n = {sq_n} 个键，W_q、W_k 都是 {sq_d}×{sq_d}：形状"
+                  "对得上，矩阵用反或多转置一次都只在数值上露出来。", tags=frozenset({"square"})),
+        Case("双向编码器：d_h = 2 d_s", (r(bi_s), r(bi_n, 2 * bi_s), r(bi_s, bi_a),
+                                      r(2 * bi_s, bi_a), r(bi_a)),
+             note=f"s ({bi_s},)，H ({bi_n}, {2 * bi_s})，W_q ({bi_s}, {bi_a})，"
+                  f"W_k ({2 * bi_s}, {bi_a})，v ({bi_a},)：两个矩阵的形状不同。"),
+        Case("输入很大：tanh 饱和", (r(big_d, scale=30.0), r(big_n, big_d, scale=30.0),
+                                r(big_d, big_a), r(big_d, big_a), r(big_a, scale=10.0)),
              note="s 和 H 的分量大到几十，分数仍被 ‖v‖₁ 限住。", tags=frozenset({"big"})),
     ]
 
 
+def _raises_like(f, alt, args) -> bool:
+    """Whether ``alt`` raises on this case the same exception as the reader's answer."""
+    try:
+        alt(*args)
+    except Exception as e:  # noqa: BLE001
+        return type(e) is type(f.exc) and str(e) == str(f.exc)
+    return False
+
+
+V_LEFT = ("v 放错了一边：tanh(s W_q + H W_k) 的形状是 (n, d_a)，每一行是一个键的 d_a 个隐层"
+          "单元，要在右边乘 v：tanh(…) @ v，得到 (n,)。v @ tanh(…) 要求 d_a = n，那是另一回事。")
+TRANSPOSED = ("多转置了一次（列向量的习惯）：本书按行向量约定，W_q 的形状就是 (d_s, d_a)，"
+              "直接写 s @ W_q、H @ W_k，不要 .T。")
+SWAPPED = "两个矩阵用反了：W_q (d_s, d_a) 乘查询 s，W_k (d_h, d_a) 乘键 h_i。"
+
+
 def _score_hint(f):
-    if f.kind == "exception" and "mat" in str(f.exc) and "shape" in str(f.exc).lower():
-        return ("矩阵形状对不上：W_q (d_s, d_a) 作用于查询 s，W_k (d_h, d_a) 作用于键 H；"
-                "d_h ≠ d_s 时（双向编码器）两者不能互换。")
+    args = [f.inputs[k] for k in ("s", "H", "W_q", "W_k", "v")]
+    if f.kind == "exception":
+        if _raises_like(f, _v_on_the_left, args):
+            return V_LEFT
+        if _raises_like(f, _transposed, args):
+            return TRANSPOSED
+        if _raises_like(f, _swapped, args):
+            return SWAPPED + "d_h ≠ d_s 时（双向编码器）两者不能互换。"
+        if "mat" in str(f.exc) and "shape" in str(f.exc).lower():
+            return ("矩阵形状对不上。逐个打印：s @ W_q 应是 (d_a,)，H @ W_k 应是 (n, d_a)，"
+                    "两者相加后取 tanh 仍是 (n, d_a)，最后 @ v 得到 (n,)。")
+        return None
     if f.kind != "value":
         return None
-    args = [f.inputs[k] for k in ("s", "H", "W_q", "W_k", "v")]
     if close(f.got, _no_tanh(*args)):
         return "少了 tanh：e_i = v·tanh(s W_q + h_i W_k)，tanh 作用在 d_a 维的隐层上，然后才与 v 做点积。"
     if close(f.got, _tanh_after_v(*args)):
@@ -89,7 +137,11 @@ def _score_hint(f):
     if close(f.got, _v_ignored(*args)):
         return "隐层的 d_a 个分量要按 v 加权：tanh(…) @ v，而不是直接 .sum(-1)（那等于 v 全是 1）。"
     if "square" in f.case.tags and close(f.got, _swapped(*args)):
-        return "两个矩阵用反了：W_q 乘查询 s，W_k 乘键 h_i。"
+        return SWAPPED
+    if "square" in f.case.tags and close(f.got, _transposed(*args)):
+        return TRANSPOSED
+    if "square" in f.case.tags and close(f.got, _v_on_the_left(*args)):
+        return V_LEFT
     if close(f.got, _returns_weights(*args)):
         return "这是第 1 步：返回分数 e 本身，softmax 是第 2 步。"
     return "对照这一例手算：e_i = v·tanh(s W_q + h_i W_k)，s W_q 对每个 h_i 都一样（广播）。"
@@ -127,7 +179,12 @@ def _no_max(scores, H, mask):
     return p / p.sum(-1, keepdim=True) @ H
 
 
+def _mask_inverted(scores, H, mask):
+    return torch.softmax(scores.masked_fill(mask, NEG_INF), -1) @ H   # hides the real tokens
+
+
 CONTEXT_BUGS = {
+    "mask_polarity_flipped": _mask_inverted,
     "softmax_over_queries": _over_queries,
     "padding_attended": _padding_attended,
     "mask_after_softmax": _mask_after_softmax,
@@ -140,18 +197,24 @@ CONTEXT_BUGS = {
 def _context_cases(g):
     def r(*shape, scale=1.0):
         return torch.randn(shape, generator=g, dtype=torch.float64) * scale
-    real = torch.ones(4, dtype=torch.bool)
-    padded = torch.tensor([True, True, True, False, False])
+    n1, d1 = _dims(g, 2, 3, 8)
+    t2, n2, d2 = _dims(g, 3, 2, 8)
+    n2 = max(n2, 4)
+    padded = torch.ones(n2, dtype=torch.bool)
+    padded[-2:] = False
+    t3, n3, d3 = _dims(g, 3, 2, 7)
     return [
-        Case("一个查询，没有填充", (r(1, 4), r(4, 3), real), note="T = 1，n = 4，d = 3。"),
-        Case("三个查询，最后两个位置是填充", (r(3, 5), r(5, 2), padded),
-             note="mask = [T, T, T, F, F]：填充位置的权重应恰为 0，其余权重之和为 1。",
-             tags=frozenset({"padded"})),
-        Case("分数很大", (1000.0 + r(2, 4, scale=5.0), r(4, 3), real),
+        Case("一个查询，没有填充", (r(1, n1), r(n1, d1), torch.ones(n1, dtype=torch.bool)),
+             note=f"T = 1，n = {n1}，d = {d1}。"),
+        Case("几个查询，最后两个位置是填充", (r(t2, n2), r(n2, d2), padded),
+             note=f"T = {t2}，n = {n2}，d = {d2}；mask 的最后两个是 False：填充位置的权重应"
+                  "恰为 0，其余权重之和为 1。", tags=frozenset({"padded"})),
+        Case("分数很大", (1000.0 + r(t3, n3, scale=5.0), r(n3, d3),
+                       torch.ones(n3, dtype=torch.bool)),
              note="分数在 1000 上下：exp(1000) 在 float64 里溢出成 inf。",
              tags=frozenset({"big"})),
         Case("各行的尺度相差很大，填充位置的分数最大", *_scaled_rows(g)[:1],
-             note=_scaled_rows.__doc__ and "第 0 行在 0 附近，第 1 行在 1000 附近，第 2 行在"
+             note="第 0 行在 0 附近，第 1 行在 1000 附近，第 2 行在"
              " −900 附近；最后两个位置是填充，最后一个的分数比这一行的真实位置都大 800。",
              tags=frozenset({"padded", "scales"})),
     ]
