@@ -53,12 +53,34 @@ def _cases(g):
         Case("三组、每组四个查询头", (x(2, 3, 5, 2), 4), note="B = 2，H_kv = 3，H = 12。"),
         Case("多查询注意力（MQA）", (x(2, 1, 4, 3), 3), note="H_kv = 1：所有查询头读同一个键值头。"),
         Case("n_rep = 1", (x(1, 4, 2, 3), 1), note="每个查询头有自己的键值头：结果就是 x。"),
+        _random_case(g),
     ]
 
 
+def _random_case(g):
+    """A case whose sizes change with the seed (B, H_kv, n_rep, T and D all different)."""
+    b, h, n, t, d = [int(i) + 2 for i in torch.randperm(5, generator=g)]
+    x = torch.randn(b, h, t, d, generator=g, dtype=torch.float64)
+    return Case("随种子变化的形状", (x, n), note=f"B = {b}，H_kv = {h}，n_rep = {n}，T = {t}，D = {d}。")
+
+
 def _hint(f):
+    if f.kind == "exception":
+        text = str(f.exc)
+        if "expand" in text:
+            return ("expand 只能把长度为 1 的维扩展：先插入一个新轴 x[:, :, None]，expand 成 "
+                    "(B, H_kv, n_rep, T, D)，再 reshape 成 (B, H_kv·n_rep, T, D)。")
+        if isinstance(f.exc, IndexError):
+            return ("下标越界：查询头 i 读键值头 i // n_rep（每组 n_rep 个查询头），不是 "
+                    "i // H_kv；下标最大是 H_kv − 1。")
+        return None
     if f.kind == "shape":
         got, want = tuple(f.got.shape), tuple(f.expected.shape)
+        if len(got) == 1:
+            return ("repeat_interleave 不给 dim 时先把张量展平成一维：写 "
+                    "repeat_interleave(n_rep, dim=1)。")
+        if len(got) == 4 and got[0] != want[0]:
+            return "重复的是批这一维（第 0 维）：应该重复的是头这一维（第 1 维），B 不变。"
         if len(got) == 4 and got[2] != want[2] and got[-1] == want[-1]:
             return "重复的是时间维（第 2 维）：应该重复的是头这一维（第 1 维），T 不变。"
         if len(got) == 4 and got[-1] != want[-1]:
