@@ -6,12 +6,13 @@ belong to the n new positions t, ..., t + n - 1. Append the new keys and values 
 then let new query i attend to keys 0 .. t + i (causal), with the scale 1 / sqrt(d_k); return
 ``(out, k_all, v_all)``. The classic bugs attend before appending (the new token cannot see
 itself), forget the causal mask among the new positions (harmless only for n = 1), keep only
-the new keys (the cache is thrown away), append the values in the wrong order, or drop the
-scale.
+the new keys (the cache is thrown away), append the values in the wrong order, drop the
+scale or divide by d_k instead of sqrt(d_k), or align the causal mask top-left (``tril()`` on
+the n x (t + n) scores, SDPA's ``is_causal=True``). A build exercise: the append, the
+bottom-right causal mask, the scaled scores and the softmax are the steps.
 """
 from __future__ import annotations
 
-import math
 
 import torch
 
@@ -27,14 +28,15 @@ def kv_step(q, k_new, v_new, k_cache, v_cache):
 
 
 def _variant(q, k_new, v_new, k_cache, v_cache, *, append_first=True, causal=True,
-             keep_cache=True, v_order="cache_first", scale=True, top_left=False):
+             keep_cache=True, v_order="cache_first", scale=True, top_left=False,
+             scale_power=0.5):
     k_all = torch.cat([k_cache, k_new], -2) if keep_cache else k_new       # (B, H, t + n, d)
     v_all = (torch.cat([v_cache, v_new], -2) if v_order == "cache_first"
              else torch.cat([v_new, v_cache], -2)) if keep_cache else v_new
     k_seen, v_seen = (k_all, v_all) if append_first else (k_cache, v_cache)
     s = q @ k_seen.transpose(-2, -1)                                      # (B, H, n, T)
     if scale:
-        s = s / math.sqrt(q.shape[-1])
+        s = s / q.shape[-1] ** scale_power
     n, tk = q.shape[-2], k_seen.shape[-2]
     if causal and append_first:                       # query i at position tk - n + i
         allowed = torch.ones(n, tk, dtype=torch.bool).tril(0 if top_left else tk - n)
@@ -49,6 +51,7 @@ BUGS = {
     "values_appended_in_front": lambda *a: _variant(*a, v_order="new_first"),
     "no_scale": lambda *a: _variant(*a, scale=False),
     "top_left_causal_mask": lambda *a: _variant(*a, top_left=True),
+    "scale_one_over_d_k": lambda *a: _variant(*a, scale_power=1.0),
 }
 
 
@@ -70,6 +73,15 @@ def _tensors(g, b, h, t, n, d):
 
 
 def _cases(g):
+    def ri(lo, hi):
+        return int(torch.randint(lo, hi, (1,), generator=g))
+
+    b, h, t, n, d = ri(2, 5), ri(1, 4), ri(2, 9), ri(2, 6), 2 ** ri(2, 5)
+    while n == b:                                           # B != n, n != t + n
+        n = ri(2, 6)
+    sharp = list(_tensors(g, b, h, t, n, d))
+    sharp[0] = sharp[0] * float(torch.empty(1).uniform_(2.0, 6.0, generator=g))  # peaked rows
+    sharp[2] = sharp[2] * torch.logspace(-2, 2, b, dtype=torch.float64)[:, None, None, None]
     return [
         Case("生成时的一步：1 个新位置", _tensors(g, 2, 2, 5, 1, 4),
              note="缓存里有 5 个位置，新来 1 个：新查询看全部 6 个键（包括它自己的）。",
@@ -79,6 +91,12 @@ def _cases(g):
              tags=frozenset({"many"})),
         Case("d_k = 16", _tensors(g, 1, 3, 3, 2, 16),
              note="d_k = 16：分数要除以 √16 = 4。", tags=frozenset({"scale"})),
+        Case("缓存是空的（t = 0）：读入提示词的第一步", _tensors(g, 2, 2, 0, 4, 8),
+             note="k_cache 的形状是 (2, 2, 0, 8)：这一步就是普通的因果自注意力。"),
+        Case(f"B = {b}、{h} 个头、缓存 t = {t}、新来 n = {n} 个、d_k = {d}；查询放大了，"
+             "各句的值尺度从 0.01 倍到 100 倍", tuple(sharp),
+             note="softmax 很尖：因果掩码的对齐错一位，结果就差得很远。",
+             tags=frozenset({"many", "scale"})),
     ]
 
 
@@ -89,6 +107,7 @@ MESSAGES = {
     "cache_thrown_away": "k_all / v_all 要包含缓存里的：torch.cat([k_cache, k_new], dim=-2)。",
     "values_appended_in_front": "v_all 的顺序要和 k_all 一致：先缓存里的，再新的。",
     "no_scale": "分数要除以 √d_k。",
+    "scale_one_over_d_k": "分数除以了 d_k：缩放是 1/√d_k（d_k 的平方根），不是 1/d_k。",
     "top_left_causal_mask": ("你的因果掩码是左上角对齐的（torch.ones(n, t + n).tril()，也就是 SDPA 的 "
                              "is_causal=True）：新查询 i 在位置 t + i，要右下对齐，看键 0 … t + i："
                              "tril(diagonal=t)。"),
@@ -111,4 +130,4 @@ def _hint(f):
 
 
 register(Exercise("ch11.kv_step", "键值缓存的一步", kv_step, BUGS, _cases, (_hint,), run=_run,
-                  is_stub=_is_stub))
+                  is_stub=_is_stub, build=True))

@@ -1,4 +1,5 @@
-"""Chapter 11's exercise ``ch11.sampling_probs``: the distribution top-k / top-p sampling draws from.
+"""Chapter 11's exercise ``ch11.sampling_probs``: the distribution top-k / top-p sampling draws
+from.
 
 The reader writes ``sampling_probs(logits, top_k=None, top_p=None)``: p = softmax(logits) per
 row; top-k keeps the k most probable tokens; top-p sorts p in decreasing order and keeps the
@@ -66,6 +67,13 @@ def _logits(g, rows, v):
 
 
 def _cases(g):
+    def ri(lo, hi):
+        return int(torch.randint(lo, hi, (1,), generator=g))
+
+    rows, v = ri(3, 7), ri(12, 60)
+    k = ri(3, 8)
+    p_r = float(torch.empty(1, dtype=torch.float64).uniform_(0.3, 0.9, generator=g))
+    mixed = _logits(g, rows, v) * torch.logspace(-1, 0.7, rows, dtype=torch.float64)[:, None]
     return [
         Case("只用 top-p", (_logits(g, 4, 10),), dict(top_p=0.7),
              note="4 行、10 个词元的 logits，top_p = 0.7：越过 0.7 的那个词元要保留。",
@@ -80,6 +88,9 @@ def _cases(g):
              note="最大的概率约 0.9，已经超过 top_p = 0.3：只留下它，概率变成 1。",
              tags=frozenset({"p"})),
         Case("不过滤", (_logits(g, 2, 6),), {}, note="不给 top_k 和 top_p：结果就是 softmax。"),
+        Case(f"{rows} 行、{v} 个词元，各行 logit 的尺度从 0.1 倍到 5 倍，top_k = {k}、"
+             f"top_p = {p_r:.2f}", (mixed,), dict(top_k=k, top_p=p_r),
+             note="平的行留下的词元多，尖的行可能只留一个。", tags=frozenset({"kp"})),
     ]
 
 

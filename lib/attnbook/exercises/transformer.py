@@ -9,19 +9,21 @@ eps / V`` (every one of the V classes, PAD's column included, gets eps / V: Szeg
 The classic bugs: eps / (V - 1) off the target (the other convention), the target's
 1 - eps without its own eps / V (q no longer sums to 1), PAD's column kept out of the
 smoothing, PAD positions counted or the sum divided by every position, PAD hard-coded as 0,
-log(softmax) that gives -inf on large logits, the sum instead of the mean.
+log(softmax) that gives -inf on large logits, the sum instead of the mean, KL(q || p) (the
+KLDivLoss form, off by the constant H(q)), the mean of per-sentence means.
 
 ``ch10.noam_lr(steps, d_model, warmup)``: the learning rate of Vaswani et al. 2017 §5.3,
 ``d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)``, for a float64 tensor of steps counted
 from 1. The classic bugs: max instead of min, the d_model^-0.5 factor dropped, warmup^-1 or
 warmup^-0.5 in the rising part, steps counted from 0 (lr = 0 at the first step) or shifted by
-one to dodge 0^-0.5.
+one to dodge 0^-0.5, sqrt(d_model) multiplied instead of divided.
 
 ``ch10.decoder_mask(tgt_pad)``: the target pad mask ``(B, T)`` (True = a real token); return
 the decoder self-attention's bool mask ``(B, 1, T, T)``, True = may attend: query i sees key j
 iff j <= i and j is a real token. The classic bugs: the causal part or the padding part
 missing, padding applied to the queries (rows) instead of the keys, the diagonal hidden
-(tril(-1)), the upper triangle, torch's polarity (True = hidden), no head axis.
+(tril(-1)), the upper triangle, torch's polarity (True = hidden), no head axis, the two
+conditions joined by OR.
 """
 from __future__ import annotations
 
@@ -61,14 +63,19 @@ def _ce(logits, q, keep, logp=None, reduce="mean"):
 
 
 def _ls(logits, target, smoothing, pad_id, *, off=None, on=None, pad_col=False,
-        keep_pad=False, reduce="mean", pad=None, log_of_softmax=False):
+        keep_pad=False, reduce="mean", pad=None, log_of_softmax=False, kl=False):
     v = logits.shape[-1]
     pad = pad_id if pad is None else pad
     off = smoothing / v if off is None else off(smoothing, v)
     on = 1 - smoothing + smoothing / v if on is None else on(smoothing, v)
     q = _q(logits, target, smoothing, off=off, on=on, pad_col=pad if pad_col else None)
     keep = torch.ones_like(target, dtype=torch.bool) if keep_pad else target != pad
-    logp = torch.log(torch.softmax(logits, -1)) if log_of_softmax else None
+    logp = torch.log(torch.softmax(logits, -1)) if log_of_softmax else logits.log_softmax(-1)
+    if kl:                                  # KL(q || p) = CE(q, p) - H(q): the KLDivLoss form
+        logp = logp - torch.where(q > 0, q.log(), 0.0)
+    if reduce == "sentences":               # the mean of each sentence's mean
+        per = -(q * logp).sum(-1)
+        return ((per * keep).sum(-1) / keep.sum(-1)).mean()
     return _ce(logits, q, keep, logp, "all" if keep_pad else reduce)
 
 
@@ -84,6 +91,8 @@ LS_BUGS = {
     "pad_id_hard_coded_0": lambda lo, t, e, p: _ls(lo, t, e, p, pad=0),
     "log_of_softmax": lambda lo, t, e, p: _ls(lo, t, e, p, log_of_softmax=True),
     "sum_not_mean": lambda lo, t, e, p: _ls(lo, t, e, p, reduce="sum"),
+    "kl_not_cross_entropy": lambda lo, t, e, p: _ls(lo, t, e, p, kl=True),
+    "mean_of_sentence_means": lambda lo, t, e, p: _ls(lo, t, e, p, reduce="sentences"),
 }
 
 
@@ -97,7 +106,16 @@ def _ls_cases(g):
         target[torch.arange(t) >= torch.tensor(lengths)[:, None]] = pad_id
         return logits, target
 
-    v = int(torch.randint(12, 20, (1,), generator=g))
+    def ri(lo, hi):
+        return int(torch.randint(lo, hi, (1,), generator=g))
+
+    v = ri(12, 20)
+    b, t, vr = ri(3, 6), ri(4, 10), ri(6, 40)
+    pad_r = ri(1, vr - 1)                                  # PAD in the middle of the vocabulary
+    lengths = [t, 1] + [ri(1, t + 1) for _ in range(b - 2)]
+    mixed, target_r = draw(b, t, vr, pad_r, lengths)
+    mixed = mixed * torch.logspace(-1, 2, b, dtype=f64)[:, None, None]  # 0.1x ... 100x
+    eps_r = float(torch.empty(1, dtype=f64).uniform_(0.05, 0.4, generator=g))
     return [
         Case("2 句、每句 4 个位置、词表 6，第二句后两个是 PAD（= 0）",
              (*draw(2, 4, 6, 0, [4, 2]), 0.1, 0),
@@ -110,6 +128,10 @@ def _ls_cases(g):
         Case("logit 很大（上千）", (*draw(2, 3, 5, 0, [3, 2], scale=3000.0), 0.1, 0),
              note="softmax 之后大多数类的概率下溢成 0：log 0 = −inf，而 ε/V · (−inf) 会让损失变成 inf。",
              tags=frozenset({"large"})),
+        Case(f"{b} 句长短不一（第二句只有 1 个真实词元），各句 logit 的尺度从 0.1 倍到 100 倍，"
+             f"PAD 的编号是 {pad_r}（V = {vr}）", (mixed, target_r, eps_r, pad_r),
+             note=f"ε = {eps_r:.3f}；句长 {lengths}：平均是对全部真实词元取的，不是先对每句取平均。",
+             tags=frozenset({"mixed"})),
     ]
 
 
@@ -127,6 +149,10 @@ LS_MESSAGES = {
     "divided_by_all_positions": ("分母是全部位置数：PAD 位置的损失去掉了，分母也要只数真实词元"
                                  "（target != pad_id 的个数）。"),
     "sum_not_mean": "这是总和；要的是每个真实词元的平均损失（除以真实词元的个数）。",
+    "kl_not_cross_entropy": ("这是 KL(q‖p)（KLDivLoss 的写法），比交叉熵少了一个常数 H(q)："
+                             "本章的损失是交叉熵 −Σ q_c log p_c，不减 Σ q_c log q_c。"),
+    "mean_of_sentence_means": ("这是先对每句取平均、再对句子取平均：句子长短不一时，短句里的"
+                               "词元权重更大。要的是全部真实词元放在一起的平均（总和除以真实词元的个数）。"),
 }
 
 
@@ -167,6 +193,7 @@ LR_BUGS = {
     "warmup_to_the_minus_half": lambda s, d, w: _lr(s, d, w, w_power=-0.5),
     "steps_counted_from_0": lambda s, d, w: _lr(s, d, w, shift=-1),
     "steps_shifted_by_one": lambda s, d, w: _lr(s, d, w, shift=1),
+    "times_sqrt_d_model": lambda s, d, w: _lr(s, d, w, d_factor=False) * d ** 0.5,
 }
 
 
@@ -200,6 +227,8 @@ LR_MESSAGES = {
                              "直接代入公式。"),
     "steps_shifted_by_one": ("步数多加了 1（为了避开 0^-0.5？）：steps 从 1 开始，"
                              "不会出现 0，直接代入公式。"),
+    "times_sqrt_d_model": ("乘了 √d_model：因子是 d_model^-0.5，即除以 √d_model"
+                           "（模型越宽，学习率越小）。"),
 }
 
 
@@ -216,7 +245,7 @@ def _lr_hint(f):
 register(Exercise("ch10.noam_lr", "预热学习率", noam_lr, LR_BUGS, _lr_cases, (_lr_hint,)))
 
 
-# ------------------------------------------------------------------ the decoder's self-attention mask
+# --------------------------------------------------------------- the decoder's self-attention mask
 def decoder_mask(tgt_pad):
     """(B, 1, T, T) bool, True = may attend: query i sees key j iff j <= i and j is no PAD."""
     t = tgt_pad.shape[-1]
@@ -224,13 +253,13 @@ def decoder_mask(tgt_pad):
     return causal & tgt_pad[:, None, None, :]
 
 
-def _mask(tgt_pad, *, causal="tril", pad="keys", invert=False, keepdim=True):
+def _mask(tgt_pad, *, causal="tril", pad="keys", invert=False, keepdim=True, union=False):
     t = tgt_pad.shape[-1]
     ones = torch.ones(t, t, dtype=torch.bool)
     c = {"tril": ones.tril(), "none": ones, "strict": ones.tril(-1), "triu": ones.triu()}[causal]
     p = {"keys": tgt_pad[:, None, None, :], "queries": tgt_pad[:, None, :, None],
          "none": torch.ones_like(tgt_pad)[:, None, None, :]}[pad]
-    m = c & p
+    m = (c | p) if union else c & p
     m = ~m if invert else m
     return m if keepdim else m[:, 0]
 
@@ -243,6 +272,7 @@ MASK_BUGS = {
     "sees_the_future": lambda p: _mask(p, causal="triu"),
     "polarity_inverted": lambda p: _mask(p, invert=True),
     "no_head_axis": lambda p: _mask(p, keepdim=False),
+    "causal_or_padding": lambda p: _mask(p, union=True),
 }
 
 
@@ -256,12 +286,13 @@ def _mask_cases(g):
         return torch.arange(t) < torch.tensor(lengths)[:, None]
 
     t = int(torch.randint(6, 10, (1,), generator=g))
-    lengths = torch.randint(2, t, (3,), generator=g).tolist()
+    b = int(torch.randint(3, 6, (1,), generator=g))
+    lengths = [t, 1] + torch.randint(2, t, (b - 2,), generator=g).tolist()
     return [
         Case("2 个目标句，长 4 和 2（右边补 PAD）", (pads([4, 2], 4),),
              note="tgt_pad 形状 (2, 4)，True = 真实词元；第二句的位置 2、3 是 PAD。"),
-        Case(f"3 个目标句，T = {t}，长度 {lengths}", (pads(lengths, t),),
-             note="每句的 PAD 都在右边。"),
+        Case(f"{b} 个目标句，T = {t}，长度 {lengths}", (pads(lengths, t),),
+             note="每句的 PAD 都在右边；第一句没有 PAD，第二句只有 1 个真实词元。"),
     ]
 
 
@@ -274,6 +305,8 @@ MASK_MESSAGES = {
     "sees_the_future": "用了上三角：查询 i 看的是 j ≤ i，下三角 tril()，不是 triu()。",
     "polarity_inverted": ("掩码的含义反了：本书约定 True = 可以关注（nn.Transformer 的约定相反，"
                           "True = 挡住）。"),
+    "causal_or_padding": ("两个条件用了“或”（|）：键 j 要同时满足 j ≤ i **和**不是 PAD 才能看，"
+                          "用“与”（&）。"),
 }
 
 

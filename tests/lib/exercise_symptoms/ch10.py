@@ -23,3 +23,17 @@ SYMPTOMS = {
     ("ch10.noam_lr", "steps_counted_from_0"): ["从 0 数了", "变成了 0"],
     ("ch10.noam_lr", "steps_shifted_by_one"): ["多加了 1"],
 }
+SYMPTOMS.update({
+    ("ch10.smoothed_cross_entropy", "kl_not_cross_entropy"): ["KL(q‖p)", "H(q)"],
+    ("ch10.smoothed_cross_entropy", "mean_of_sentence_means"): ["每句取平均", "全部真实词元"],
+    ("ch10.noam_lr", "times_sqrt_d_model"): ["乘了 √d_model", "d_model^-0.5"],
+    ("ch10.decoder_mask", "causal_or_padding"): ["“或”", "&"],
+    ("ch10.decoder_layer", "no_causal_mask"): ["少了因果掩码", "tril"],
+    ("ch10.decoder_layer", "cross_queries_from_memory"): ["查询来自解码器", "键和值来自记忆"],
+    ("ch10.decoder_layer", "cross_attends_to_the_decoder"): ["编码器的记忆", "不是解码器自己"],
+    ("ch10.decoder_layer", "pre_ln_not_post_ln"): ["Pre-LN", "Post-LN", "LN(x + f(x))"],
+    ("ch10.decoder_layer", "memory_padding_ignored"): ["源句的 PAD", "src_pad"],
+    ("ch10.decoder_layer", "ffn_before_cross_attention"): ["子层的顺序", "最后才是 FFN"],
+    ("ch10.decoder_layer", "no_scale"): ["√d_k", "每个头的宽度"],
+    ("ch10.decoder_layer", "heads_reshaped_without_transpose"): ["transpose(1, 2)", "reshape"],
+})

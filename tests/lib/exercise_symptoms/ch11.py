@@ -14,3 +14,14 @@ SYMPTOMS = {
     ("ch11.kv_step", "no_scale"): ["√d_k"],
     ("ch11.kv_step", "top_left_causal_mask"): ["左上角对齐", "is_causal=True", "tril(diagonal=t)"],
 }
+SYMPTOMS.update({
+    ("ch11.kv_step", "scale_one_over_d_k"): ["除以了 d_k", "1/√d_k"],
+    ("ch11.lm_loss", "no_shift"): ["没有错开一位", "logits[:, :-1]", "ids[:, 1:]"],
+    ("ch11.lm_loss", "shifted_the_wrong_way"): ["方向反了", "logits[:, :-1]", "ids[:, 1:]"],
+    ("ch11.lm_loss", "pad_targets_counted"): ["PAD 目标也算进了平均"],
+    ("ch11.lm_loss", "pad_mask_from_the_inputs"): ["输入 ids[:, :-1]", "目标 ids[:, 1:]"],
+    ("ch11.lm_loss", "mean_of_sequence_means"): ["每首取平均", "全部非 PAD 目标"],
+    ("ch11.lm_loss", "pad_id_hard_coded_0"): ["写死成了 0", "pad_id"],
+    ("ch11.lm_loss", "log_of_softmax"): ["log_softmax", "下溢"],
+    ("ch11.lm_loss", "sum_not_mean"): ["总和", "平均"],
+})
