@@ -89,10 +89,12 @@ def _run(fn, args, kwargs):
         p.grad = g
         params.append(p)
     ret = fn(params, max_norm, **kwargs)
-    # the norm is a number: a Python float or a 0-dim tensor of any float dtype (rtol 1e-5)
+    # the norm is a number: a Python float or a 0-dim tensor of any float dtype (rtol 1e-5),
+    # judged in the gradients' dtype
     scalar = isinstance(ret, (int, float)) and not isinstance(ret, bool) or (
         isinstance(ret, torch.Tensor) and ret.ndim == 0 and ret.is_floating_point())
-    norm = torch.tensor(float(ret), dtype=torch.float64) if scalar else ret
+    dtype = next((g.dtype for g in grads if g is not None), torch.float64)  # the grads' dtype
+    norm = torch.tensor(float(ret), dtype=dtype) if scalar else ret
     out = {NORM: norm}
     out.update({f"parameters[{i}].grad": p.grad for i, p in enumerate(params) if grads[i] is not None})
     return ret, out
@@ -112,11 +114,17 @@ def _scaled(g, shape, norm):
 
 
 def _cases(g):
-    u = torch.rand(3, generator=g, dtype=torch.float64)
+    u = torch.rand(4, generator=g, dtype=torch.float64)
+    s = float(0.5 + 3.0 * u[3])                   # the threshold's scale varies with the seed
+    n1, n2 = (int(n) for n in torch.randint(2, 6, (2,), generator=g))
+    scales = torch.tensor([1e-3, 1.0, 1e2], dtype=torch.float64) * (1 + u[:3])
+    max32 = round(1.0 + 4.0 * float(u[0]), 3)
     return [
         Case("全局范数超过阈值，但每个张量单独都没超过",
-             ([_scaled(g, (3,), 0.8 + 0.15 * u[0]), _scaled(g, (2, 2), 0.8 + 0.15 * u[1])], 1.0),
-             note="两个梯度的范数都在 0.8 到 0.95 之间，合起来的全局范数超过 1.13；max_norm = 1.0。",
+             ([_scaled(g, (n1,), s * (0.8 + 0.15 * u[0])),
+               _scaled(g, (2, n2), s * (0.8 + 0.15 * u[1]))], round(s, 3)),
+             note=f"两个梯度的范数都在 max_norm 的 0.8 到 0.95 倍之间，合起来的全局范数超过它的 "
+                  f"1.13 倍；max_norm = {round(s, 3)}。",
              tags=frozenset({"global"})),
         Case("全局范数低于阈值", ([_scaled(g, (4,), 1.0), _scaled(g, (3,), 2.0)], 5.0),
              note="全局范数约 2.24，max_norm = 5.0：梯度应保持不变。", tags=frozenset({"below"})),
@@ -124,6 +132,12 @@ def _cases(g):
              ([_scaled(g, (4,), 6.0 + u[2]), None, _scaled(g, (2, 3), 8.0)], 2.0),
              note="parameters[1].grad 是 None（例如它没有参与前向计算），应跳过；max_norm = 2.0。",
              tags=frozenset({"none"})),
+        Case("float32，三个梯度的量级差 10 万倍",
+             ([_scaled(g, (n2, 3), float(scales[0])).float(),
+               _scaled(g, (n1,), float(scales[1])).float(),
+               _scaled(g, (3, 2, 2), float(scales[2])).float()], max32),
+             note=f"三个梯度的范数约为 0.001、1 和 100；max_norm = {max32}：所有梯度乘同一个系数，"
+                  "小的那两个也要缩小。", tags=frozenset({"mixed"})),
     ]
 
 
@@ -145,6 +159,16 @@ def _hint(f):
         return None
     i = int(f.label.split("[")[1].split("]")[0])
     given = f.inputs["parameters"][i]
+    coef = min(1.0, f.inputs["max_norm"] / float(total))
+    earlier = [j for j in range(i) if f.inputs["parameters"][j] is not None]
+    if earlier and coef < 1 and torch.allclose(f.got.double(), given):
+        return (f"parameters[{earlier[0]}].grad 已经按系数缩放了，{f.label} 却一点都没变："
+                "只裁剪了前面的梯度，循环提前结束了。是不是把 return 写在了 for 循环里面"
+                "（或者循环的范围少了后面的参数）？先缩放所有梯度，循环结束后再 return N。")
+    if coef < 1 and abs(f.inputs["max_norm"] - 1.0) > 1e-6 and torch.allclose(
+            f.got.double(), given * f.inputs["max_norm"]):
+        return (f"梯度像是乘了 max_norm 本身（{f.inputs['max_norm']:g}）：系数是 max_norm / N，"
+                f"还要除以全局范数 N = {float(total):.4f}。")
     if "below" in f.case.tags:
         return "全局范数没有超过 max_norm 时梯度应保持不变：系数是 min(1, max_norm / N)，不会放大。"
     if torch.allclose(f.got.double(), given) and "global" in f.case.tags:

@@ -12,4 +12,11 @@ SYMPTOMS = {
     ("ch01.jacobian_product", "index_shifted_by_one"): ["错开了一步", "factors[:, j-1]"],
     ("ch01.jacobian_product", "no_identity_when_t_equals_k"): ["单位矩阵"],
     ("ch01.jacobian_product", "elementwise_product"): ["逐元素", "@"],
+    ("ch01.bptt", "tanh_derivative_forgotten"): ["少乘了 tanh 的导数", "1 − h_t²"],
+    ("ch01.bptt", "derivative_of_z_not_h"): ["1 − h_t²", "不是 1 − z_t²"],
+    ("ch01.bptt", "not_accumulated_over_time"): ["沿时间累加", "覆盖"],
+    ("ch01.bptt", "h_t_instead_of_h_prev"): ["h_{t-1}", "不是 h_t"],
+    ("ch01.bptt", "W_hh_not_transposed"): ["W_hhᵀ"],
+    ("ch01.bptt", "gradient_not_carried_back"): ["传回来的梯度", "不能丢"],
+    ("ch01.bptt", "only_last_step_loss"): ["只用了最后一步", "dh[:, t-1]"],
 }
