@@ -69,19 +69,27 @@ BUGS = {
 }
 
 
-def _factors(g, b, steps, d):
-    return torch.randn(b, steps, d, d, generator=g, dtype=torch.float64) / d ** 0.5
+def _factors(g, b, steps, d, scale=1.0):
+    return scale * torch.randn(b, steps, d, d, generator=g, dtype=torch.float64) / d ** 0.5
 
 
 def _cases(g):
+    def pick(lo, hi):
+        return int(torch.randint(lo, hi + 1, (1,), generator=g))
+
+    b, d, steps = pick(2, 3), pick(3, 5), pick(6, 8)       # shapes vary with the seed
+    t, k = steps - 1, pick(0, 2)
+    d4 = pick(2, 4)
+    big = 1.5 + float(torch.rand(1, generator=g))           # so does the factors' scale
     return [
-        Case("一般情形：B = 2，T = 6，d = 3，t = 5，k = 1", (_factors(g, 2, 6, 3), 5, 1),
-             note="factors[:, j-1] 是 J_j；答案是 J_5 J_4 J_3 J_2，形状 (2, 3, 3)。"),
+        Case(f"一般情形：B = {b}，T = {steps}，d = {d}，t = {t}，k = {k}",
+             (_factors(g, b, steps, d), t, k),
+             note=f"factors[:, j-1] 是 J_j；答案是 J_{t} ⋯ J_{k + 1}，形状 ({b}, {d}, {d})。"),
         Case("t == k：一步也不走", (_factors(g, 2, 5, 3), 3, 3),
              note="没有任何因子相乘，∂h_3/∂h_3 是单位矩阵。", tags=frozenset({"identity"})),
-        Case("整条序列：t = T = 4，k = 0", (_factors(g, 1, 4, 4), 4, 0),
-             note="J_4 J_3 J_2 J_1；factors[:, 3] 是最后一个因子。"),
-        Case("只走一步：t = k + 1", (_factors(g, 3, 5, 2), 3, 2), note="答案就是 J_3 = factors[:, 2]。"),
+        Case("整条序列：t = T = 4，k = 0", (_factors(g, 1, 4, 4, big), 4, 0),
+             note="J_4 J_3 J_2 J_1；factors[:, 3] 是最后一个因子；因子的范数大于 1。"),
+        Case("只走一步：t = k + 1", (_factors(g, 3, 5, d4), 3, 2), note="答案就是 J_3 = factors[:, 2]。"),
     ]
 
 
