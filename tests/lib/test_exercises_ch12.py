@@ -245,7 +245,7 @@ def test_build_marks_the_ring_worker():
     assert not exercises.get("ch12.mla_absorb").build
 
 
-# ------------------------------------------------------------------------ agreement with the library
+# -------------------------------------------------------------- agreement with the library
 @pytest.mark.parametrize("p,causal", [(2, False), (3, True), (4, True)])
 def test_ring_worker_reference_is_one_rank_of_the_simulated_ring(p, causal):
     g = torch.Generator().manual_seed(p)

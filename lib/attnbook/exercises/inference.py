@@ -3,9 +3,9 @@
 ``ring_worker(q, q0, k_blocks, v_blocks, k_starts, causal=False)``: one worker of ring
 attention. It keeps its query block ``q`` ``(B, H, Tq, D)`` (global positions
 ``q0 .. q0 + Tq - 1``) while key/value blocks arrive one at a time: ``k_blocks[b]``
-``(B, H, Tb, D)``, ``v_blocks[b]`` ``(B, H, Tb, Dv)`` at global positions ``k_starts[b] ..``. For each block it computes the
-block's attention ``(O_b, lse_b)`` (scale ``1/sqrt(D)``; causal: key position <= query position,
-both global) and merges it into the running result with chapter 09's merge:
+``(B, H, Tb, D)``, ``v_blocks[b]`` ``(B, H, Tb, Dv)`` at global positions ``k_starts[b] ..``.
+For each block it computes the block's attention ``(O_b, lse_b)`` (scale ``1/sqrt(D)``;
+causal: key position <= query position, both global) and merges it into the running result with chapter 09's merge:
 ``lse = logaddexp(lse, lse_b)``, ``O = exp(lse_old - lse) O + exp(lse_b - lse) O_b``. Returns
 ``(out, lse)`` over the union of the blocks; a query row that sees no key has ``out = 0`` and
 ``lse = -inf``. The classic bugs average the block outputs, forget to rescale the old output,
@@ -283,7 +283,8 @@ def _mla_cases(g):
         return int(torch.randint(lo, hi, (1,), generator=g))
     dh = n(2, 5)
     return [
-        Case("两个头", _mla_case(g, 2, dh, dh + 3, 2 * dh + 5), note=f"H = 2，d_h = {dh}，d_c = {dh + 3}。"),
+        Case("两个头", _mla_case(g, 2, dh, dh + 3, 2 * dh + 5),
+             note=f"H = 2，d_h = {dh}，d_c = {dh + 3}。"),
         Case("d_c = d_h", _mla_case(g, 3, dh + 1, dh + 1, 5),
              note="潜在维度和每头的维度相等：转置错了形状也对。"),
         Case("各头尺度相差很大", _mla_case(g, 4, dh, 2 * dh + 1, 7, head_scales=True),
