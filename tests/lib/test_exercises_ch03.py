@@ -225,3 +225,17 @@ def test_bahdanau_cases_are_adversarial():
         e = torch.tanh((s @ W_q)[:, None] + H @ W_k) @ v
         assert s.dtype == torch.float32 and (e[1] < -100).all()
     assert len({tuple(ex.cases(seed)[0].args[1].shape) for seed in SEEDS}) > 1
+
+
+def test_bahdanau_through_the_score_module_is_caught_by_its_call():
+    from attnbook.seq2seq import AttentionScore
+
+    def module(s, H, mask, W_q, W_k, v):
+        m = AttentionScore("additive", s.shape[-1], H.shape[-1], d_attn=v.shape[0]).to(s.dtype)
+        with torch.no_grad():
+            m.w_q.copy_(W_q), m.w_k.copy_(W_k), m.v_a.copy_(v)
+        e = m(s[:, None], H)[:, 0].detach().masked_fill(~mask, NEG)
+        return (torch.softmax(e, -1)[:, None] @ H)[:, 0]
+
+    ok, text = run("ch03.bahdanau_step", module)
+    assert ok is False and "additive_scores" in text

@@ -23,7 +23,7 @@ from .. import dispatch, flash
 from ..reference import additive_scores as _lib_additive_scores
 from ..reference import attention_ref as _lib_attention_ref
 from ..reference import masked_softmax as _lib_masked_softmax
-from ..seq2seq import AttentionScore, AttentionSeq2Seq
+from ..seq2seq import AttentionSeq2Seq
 from ._core import Case, Exercise, register
 from ._report import close
 from .additive import additive_score as _ex_score
@@ -263,7 +263,6 @@ def _hint(f):
 _FORBIDDEN = (
     (_lib_additive_scores, "attnbook.additive_scores"),
     (_lib_masked_softmax, "attnbook.masked_softmax"),
-    (AttentionScore.forward, "attnbook.seq2seq.AttentionScore"),
     (AttentionSeq2Seq.attend, "attnbook.seq2seq.AttentionSeq2Seq.attend"),
     (_ex_score, "exercises.get('ch03.additive_score').solution"),
     (_ex_context, "exercises.get('ch03.context').solution"),
