@@ -1,4 +1,5 @@
-"""Chapter 07's exercises ``ch07.feed_forward`` and ``ch07.swiglu``: the two FFNs written out.
+"""Chapter 07's exercises ``ch07.feed_forward`` and ``ch07.swiglu`` (the two FFNs written out) and
+the build exercise ``ch07.matched_swiglu`` (a SwiGLU FFN on a ReLU FFN's parameter budget).
 
 ``feed_forward``: ``max(0, x W_1 + b_1) W_2 + b_2`` on every row (row-vector convention,
 ``W_1: (d, d_ff)``). The classic bugs drop the ReLU (the whole map becomes affine), put a ReLU on
@@ -11,9 +12,12 @@ Every case has ``d != d_ff``, so a transposed weight fails loudly on the shapes.
 """
 from __future__ import annotations
 
+import re
+
 import torch
 import torch.nn.functional as F
 
+from ..layers import FeedForward
 from ._core import Case, Exercise, register
 from ._report import nearest
 
@@ -186,3 +190,125 @@ def _sw_hint(f):
 
 register(Exercise("ch07.feed_forward", "逐位置 FFN", feed_forward, FF_BUGS, _ff_cases, (_ff_hint,)))
 register(Exercise("ch07.swiglu", "SwiGLU FFN", swiglu, SW_BUGS, _sw_cases, (_sw_hint,)))
+
+
+# ----------------------------------------------------------------------------- matched_swiglu
+# The build exercise: a SwiGLU FFN with the parameter budget of a bias-free ReLU FFN of width
+# d_ff. The reader gets the 2 d d_ff numbers as one flat vector and must find the hidden width
+# (3 d h = 2 d d_ff, so h = 2 d_ff / 3), cut the vector into W_g, W_1, W_2 (row-major, in that
+# order) and run the gated forward. Every case has d_ff != 4 d except one, so the 8d/3 rule of
+# swiglu_hidden_size (which assumes d_ff = 4 d) is caught, and d != h, so a weight read in the
+# column layout fails.
+def matched_swiglu(x, params, d_ff):
+    """SwiGLU with a d_ff-wide ReLU FFN's 2 d d_ff weights (chapter 07, eq-ch07-swiglu): hidden
+    width h = 2 d_ff / 3; ``params`` = W_g (d x h) | W_1 (d x h) | W_2 (h x d), row-major."""
+    d = x.shape[-1]
+    h = 2 * d_ff // 3
+    w_gate, w_up, w_down = params.split([d * h, d * h, h * d])
+    return swiglu(x, w_gate.view(d, h), w_up.view(d, h), w_down.view(h, d))
+
+
+def _cut(params, d, h, order=(0, 1, 2), transposed=False):
+    """params cut at widths d*h into three matrices (the reader's possible slips)."""
+    parts = [params[i * d * h:(i + 1) * d * h] for i in range(3)]
+    wg, wu, wd = (parts[i] for i in order)
+    if transposed:  # each matrix read in the column layout: (out, in), then transposed
+        return wg.view(h, d).T, wu.view(h, d).T, wd.view(d, h).T
+    return wg.view(d, h), wu.view(d, h), wd.view(h, d)
+
+
+def _mb(h_rule=None, order=(0, 1, 2), transposed=False, form=swiglu):
+    def bug(x, params, d_ff):
+        d = x.shape[-1]
+        h = 2 * d_ff // 3 if h_rule is None else h_rule(d, d_ff)
+        return form(x, *_cut(params, d, h, order, transposed))
+    return bug
+
+
+MATCHED_BUGS = {
+    "hidden_is_d_ff": _mb(h_rule=lambda d, d_ff: d_ff),
+    "hidden_from_d_model": _mb(h_rule=lambda d, d_ff: 8 * d // 3),
+    "gate_and_up_slices_swapped": _mb(order=(1, 0, 2)),
+    "down_slice_first": _mb(order=(1, 2, 0)),
+    "column_layout": _mb(transposed=True),
+    "sigmoid_gate": _mb(form=_sigmoid),
+    "gate_ignored": _mb(form=_no_gate),
+}
+
+
+def _matched_case(g, lead, d, d_ff, dtype=torch.float64, scale=1.0):
+    h = 2 * d_ff // 3
+    x = _r(g, *lead, d, scale=scale)
+    params = torch.cat([_r(g, d * h, scale=d ** -0.5), _r(g, d * h, scale=d ** -0.5),
+                        _r(g, h * d, scale=h ** -0.5)])
+    return (x.to(dtype), params.to(dtype), d_ff)
+
+
+def _matched_cases(g):
+    d = 4 + 2 * int(torch.randint(0, 3, (1,), generator=g))         # 4, 6 or 8
+    wide = 3 * (3 + 2 * int(torch.randint(0, 3, (1,), generator=g)))  # 9, 15 or 21: h = 6, 10, 14
+    scale = float(2.0 ** int(torch.randint(0, 4, (1,), generator=g)))
+    b = 2 + int(torch.randint(0, 3, (1,), generator=g))
+    return [
+        Case("3 个位置，d = 4，d_ff = 12（ReLU FFN 的宽度是 3d）", _matched_case(g, (3,), 4, 12),
+             note="params 有 2·d·d_ff = 96 个数；SwiGLU 的隐藏宽度 h 要让 3·d·h 也等于 96。"),
+        Case(f"批 ({b}, 5, 6)，d_ff = 24（= 4d）", _matched_case(g, (b, 5), 6, 24),
+             note="d_ff = 4d：这时 h = 2·d_ff/3 = 16 也等于 8d/3。"),
+        Case(f"d = {d}，d_ff = {wide}（不是 4d），输入的尺度是 {scale:g}",
+             _matched_case(g, (1, 4), d, wide, scale=scale),
+             note=f"h = 2·{wide}/3 = {2 * wide // 3}；不是 8d/3。", tags=frozenset({"narrow"})),
+        Case("float32，d = 5，d_ff = 30（= 6d）",
+             _matched_case(g, (2, 3), 5, 30, dtype=torch.float32),
+             note="h = 20；返回 float32。"),
+    ]
+
+
+def _matched_hint(f):
+    x, params, d_ff = f.inputs["x"], f.inputs["params"], f.inputs["d_ff"]
+    d, h = x.shape[-1], 2 * d_ff // 3
+    budget = (f"ReLU FFN 的两个矩阵共 2·d·d_ff = {2 * d * d_ff} 个数，SwiGLU 有三个 d×h 的矩阵，"
+              f"3·d·h = 2·d·d_ff 给出 h = 2·d_ff/3 = {h}")
+    if f.kind == "exception":
+        text = str(f.exc)
+        if "size" not in text:
+            return None
+        if _has_number(text, d_ff):
+            return f"隐藏宽度不是 d_ff = {d_ff}：{budget}。"
+        if _has_number(text, 8 * d // 3) and 8 * d // 3 != h:
+            return (f"隐藏宽度 8d/3 = {8 * d // 3} 只在 d_ff = 4d 时成立：{budget}"
+                    "（它由 d_ff 决定，不由 d 决定）。")
+        return None
+    if f.kind != "value":
+        return None
+    alts = [(f"用的是 8d/3 = {8 * d // 3} 作隐藏宽度：它只在 d_ff = 4d 时成立；{budget}。",
+             _safe(MATCHED_BUGS["hidden_from_d_model"], x, params, d_ff)),
+            ("前两段用反了：params 依次是 W_g、W_1、W_2，SiLU 作用在第一段 W_g 上。",
+             MATCHED_BUGS["gate_and_up_slices_swapped"](x, params, d_ff)),
+            ("三段的顺序不对：params 依次是 W_g（d×h）、W_1（d×h）、W_2（h×d）。",
+             MATCHED_BUGS["down_slice_first"](x, params, d_ff)),
+            ("每一段都按行展开：W_g 是 view(d, h)，不是先 view(h, d) 再转置（那是 nn.Linear.weight "
+             "的列向量布局）。", MATCHED_BUGS["column_layout"](x, params, d_ff)),
+            ("门用的是 SiLU(u) = u·σ(u)（F.silu），不是 σ(u)：那是原始的 GLU。",
+             MATCHED_BUGS["sigmoid_gate"](x, params, d_ff)),
+            ("少了门：要把 SiLU(x @ W_g) 与 x @ W_1 逐元素相乘。",
+             MATCHED_BUGS["gate_ignored"](x, params, d_ff))]
+    return nearest(f.got, f.expected, alts)
+
+
+def _has_number(text, n) -> bool:
+    """Whether the integer ``n`` appears as a whole number in ``text``."""
+    return re.search(rf"(?<!\d){n}(?!\d)", text) is not None
+
+
+def _safe(fn, *args):
+    try:
+        return fn(*args)
+    except RuntimeError:
+        return None
+
+
+register(Exercise("ch07.matched_swiglu", "等参数量的 SwiGLU", matched_swiglu,
+                  MATCHED_BUGS, _matched_cases, (_matched_hint,),
+                  forbidden=((FeedForward.forward, "attnbook.layers.FeedForward"),
+                             (swiglu, "exercises.get('ch07.swiglu').solution")),
+                  build=True))

@@ -12,4 +12,11 @@ SYMPTOMS = {
     ("ch07.swiglu", "gate_ignored"): ["少了门"],
     ("ch07.swiglu", "branches_added"): ["逐元素相乘", "不是相加"],
     ("ch07.swiglu", "silu_after_product"): ["在相乘之前"],
+    ("ch07.matched_swiglu", "hidden_is_d_ff"): ["隐藏宽度不是 d_ff", "2·d_ff/3"],
+    ("ch07.matched_swiglu", "hidden_from_d_model"): ["8d/3", "d_ff = 4d", "2·d_ff/3"],
+    ("ch07.matched_swiglu", "gate_and_up_slices_swapped"): ["前两段用反了"],
+    ("ch07.matched_swiglu", "down_slice_first"): ["三段的顺序不对"],
+    ("ch07.matched_swiglu", "column_layout"): ["按行展开", "view(d, h)"],
+    ("ch07.matched_swiglu", "sigmoid_gate"): ["不是 σ(u)", "GLU"],
+    ("ch07.matched_swiglu", "gate_ignored"): ["少了门"],
 }
