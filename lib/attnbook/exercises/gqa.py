@@ -16,7 +16,9 @@ from ._report import close
 
 
 def repeat_kv(x, n_rep):
-    """KV head j serves query heads ``j*n_rep .. (j+1)*n_rep - 1``: ``(B, H_kv, T, D) -> (B, H_kv*n_rep, T, D)``."""
+    """KV head j serves query heads ``j*n_rep .. (j+1)*n_rep - 1``.
+
+    ``(B, H_kv, T, D) -> (B, H_kv*n_rep, T, D)``."""
     return _lib_repeat_kv(x, n_rep)
 
 

@@ -23,7 +23,9 @@ from ._report import close
 
 
 def split_heads(x, n_heads):
-    """Block i of the features becomes head i (chapter 05, step 1): ``(B, T, H*d_k) -> (B, H, T, d_k)``."""
+    """Block i of the features becomes head i (chapter 05, step 1).
+
+    ``(B, T, H*d_k) -> (B, H, T, d_k)``."""
     return _lib_split_heads(x, n_heads)
 
 
