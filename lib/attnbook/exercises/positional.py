@@ -1,10 +1,11 @@
 """Chapter 06's exercise ``ch06.sinusoidal``: the sinusoidal positional encoding.
 
-``PE[p, 2i] = sin(p * omega_i)``, ``PE[p, 2i + 1] = cos(p * omega_i)``, ``omega_i = 10000 ** (-2i / d)``
-(Vaswani et al. 2017, section 3.5), interleaved as in the paper. The classic bugs swap sin and
-cos, concatenate ``[sin | cos]`` halves, give the two columns of a pair different frequencies,
-count positions from 1, or use another base than 10000. A float32 answer is judged with an absolute tolerance that grows
-with the largest angle (``p * omega`` itself is rounded by up to ``p * 2**-24``).
+``PE[p, 2i] = sin(p * omega_i)``, ``PE[p, 2i + 1] = cos(p * omega_i)``,
+``omega_i = 10000 ** (-2i / d)`` (Vaswani et al. 2017, section 3.5), interleaved as in the paper.
+The classic bugs swap sin and cos, concatenate ``[sin | cos]`` halves, give the two columns of a
+pair different frequencies, count positions from 1, or use another base than 10000; the hints
+also name tensor2tensor's spacing ``10000 ** (-i / (d/2 - 1))``. The table must be float64 (a
+float32 table is rejected by its dtype).
 """
 from __future__ import annotations
 
@@ -68,7 +69,19 @@ BUGS = {
     "base_1000": _base_1000,
 }
 
+def _t2t(n_positions, d_model):
+    """tensor2tensor's spacing: omega_i = 10000 ** (-i / (d/2 - 1)) (the chapter discusses it)."""
+    half = d_model // 2
+    if half < 2:
+        return None
+    p = torch.arange(n_positions, dtype=torch.float64)[:, None]
+    a = p * torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float64) / (half - 1))
+    return _interleave(torch.sin(a), torch.cos(a))
+
+
 _HINTS = (
+    (_t2t, "你的频率是 tensor2tensor 的间距 ω_i = 10000^(−i/(d/2 − 1))（最慢的一对正好是 1/10000）；"
+           "本题按原论文：ω_i = 10000^(−2i/d)。"),
     (_swapped, "sin 和 cos 的位置反了：偶数列 2i 是 sin(p·ω_i)，奇数列 2i+1 是 cos(p·ω_i)；"
                "所以 PE(0) 应是 [0, 1, 0, 1, …]。"),
     (_halves, "本书按论文交错排列：第 2i、2i+1 列是同一个频率的一对 sin、cos，"

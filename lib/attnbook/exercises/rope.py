@@ -15,7 +15,7 @@ import torch
 
 from ..positional import apply_rope
 from ._core import Case, Exercise, register
-from ._report import close
+from ._report import close, precision_hint
 
 
 def rope(x, positions):
@@ -106,7 +106,7 @@ def _hint(f):
     for bug, text in _HINTS:
         if close(f.got, bug(x, pos), atol=1e-9):
             return text
-    return "逐对检查：第 i 对 (x_{2i}, x_{2i+1}) 在位置 m 转过 m·10000^(−2i/D) 弧度。"
+    return precision_hint(f) or "逐对检查：第 i 对 (x_{2i}, x_{2i+1}) 在位置 m 转过 m·10000^(−2i/D) 弧度。"
 
 
 register(Exercise("ch06.rope", "旋转位置编码（RoPE）", rope, BUGS, _cases, (_hint,)))

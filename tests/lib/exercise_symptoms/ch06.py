@@ -11,4 +11,10 @@ SYMPTOMS = {
     ("ch06.rope", "per_column_frequency"): ["同一个角度", "不是按列号"],
     ("ch06.rope", "positions_ignored"): ["传入的 positions"],
     ("ch06.rope", "exponent_missing_2"): ["2i/D", "不是 i/D"],
+    ("ch06.rope_attention", "only_q_rotated"): ["k 也要按它自己的位置旋转", "n − m"],
+    ("ch06.rope_attention", "k_rotated_the_other_way"): ["同一个方向", "m + n"],
+    ("ch06.rope_attention", "v_rotated_too"): ["不旋转 v"],
+    ("ch06.rope_attention", "k_rotated_by_query_positions"): ["k 按 k_pos（"],
+    ("ch06.rope_attention", "positions_ignored"): ["传入的 q_pos 和 k_pos"],
+    ("ch06.rope_attention", "no_scaling"): ["除以 √D"],
 }
