@@ -1,4 +1,5 @@
-"""Chapter 01's exercise ``ch01.jacobian_product``: the BPTT product ``dh_t/dh_k = J_t ... J_{k+1}``.
+"""Chapter 01's exercise ``ch01.jacobian_product``: the BPTT product
+``dh_t/dh_k = J_t ... J_{k+1}``.
 
 ``factors`` has shape ``(B, T, d, d)`` with ``factors[:, j-1] = J_j`` (eq-ch01-step, numerator
 layout); the answer has shape ``(B, d, d)``, the latest step on the left, and is the identity

@@ -96,7 +96,8 @@ def _run(fn, args, kwargs):
     dtype = next((g.dtype for g in grads if g is not None), torch.float64)  # the grads' dtype
     norm = torch.tensor(float(ret), dtype=dtype) if scalar else ret
     out = {NORM: norm}
-    out.update({f"parameters[{i}].grad": p.grad for i, p in enumerate(params) if grads[i] is not None})
+    out.update({f"parameters[{i}].grad": p.grad for i, p in enumerate(params)
+                if grads[i] is not None})
     return ret, out
 
 

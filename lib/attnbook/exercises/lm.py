@@ -13,7 +13,9 @@ tokens, the EOS term dropped, the mean instead of the sum, the softmax over the 
 padded with ``pad_id``; return the token-mean cross-entropy of eq. eq-ch02-token-ce (the
 negative log-likelihood summed over the real tokens, divided by their number). The classic
 bugs: PAD counted as a target, the mean of the sentence means, the sum, the sum divided by the
-batch size, the PAD id hard-coded as 0.
+batch size, the PAD id hard-coded as 0. F.cross_entropy / F.nll_loss with ``ignore_index`` are
+off limits (they drop the PAD targets for the reader); the PAD id sits mid-vocabulary in one
+case (an answer that takes PAD for the largest id selects the wrong tokens).
 """
 from __future__ import annotations
 
@@ -77,18 +79,27 @@ LOGPROB_BUGS = {
 def _logprob_cases(g):
     f64 = torch.float64
 
+    def pick(lo, hi):
+        return int(torch.randint(lo, hi + 1, (1,), generator=g))
+
     def draw(t, v, scale=1.0, shift=0.0):
         logits = scale * torch.randn(t, v, generator=g, dtype=f64) + shift
-        return logits, torch.randint(1, v, (t,), generator=g).index_fill_(0, torch.tensor([t - 1]), 0)
+        tokens = torch.randint(1, v, (t,), generator=g)
+        return logits, tokens.index_fill_(0, torch.tensor([t - 1]), 0)
 
+    t1, v1 = pick(4, 7), pick(5, 9)
+    t2, v2 = pick(350, 450), pick(40, 60)
+    t3, v3 = pick(5, 8), pick(4, 6)
+    big = 250.0 + 100.0 * float(torch.rand(1, generator=g))
     return [
-        Case("一个 5 个词元的输出（最后一个是 EOS = 0）", draw(5, 6),
-             note="logits 形状 (5, 6)：第 t 行是模型在看过 y_<t 之后给第 t 个词元的 logit。"),
-        Case("一个 400 个词元的长输出", draw(400, 50),
-             note="每个词元的概率约 1/50，整句的概率约 e^-1600：直接连乘会下溢成 0。",
+        Case(f"一个 {t1} 个词元的输出（最后一个是 EOS = 0）", draw(t1, v1),
+             note=f"logits 形状 ({t1}, {v1})：第 t 行是模型在看过 y_<t 之后给第 t 个词元的 logit。"),
+        Case(f"一个 {t2} 个词元的长输出", draw(t2, v2),
+             note=f"每个词元的概率约 1/{v2}，整句的概率小于 e^-1000：直接连乘会下溢成 0。",
              tags=frozenset({"long"})),
-        Case("logit 很大（上千）的输出", draw(6, 5, scale=300.0, shift=1000.0),
-             note="logit 的量级上千：exp(logit) 会上溢成 inf（float64 到 e^709 为止）。", tags=frozenset({"large"})),
+        Case("logit 很大（上千）的输出", draw(t3, v3, scale=big, shift=1000.0),
+             note="logit 的量级上千：exp(logit) 会上溢成 inf（float64 到 e^709 为止）。",
+             tags=frozenset({"large"})),
         Case("选中的词元比最大的 logit 低 900，词表里最大的编号没有出现", _far_below(g),
              note="每一步被选中的词元的 logit 比这一行最大的低 900：它的概率 e^-900 在 float64 里"
                   "下溢成 0；词元编号里没有 V − 1。", tags=frozenset({"far"})),
@@ -121,27 +132,38 @@ def _logprob_hint(f):
         return ("概率连乘下溢成了 0，log 0 = −inf：在对数空间里把每一步的 log P 相加，"
                 "logits.log_softmax(-1) 再 gather，而不是先连乘概率再取对数。")
     if f.kind in ("nan", "inf") and "large" in f.case.tags:
-        return ("exp(logit) 上溢成 inf（inf/inf = NaN，有限数/inf = 0，log 0 = −inf）：用 log_softmax（它先减去每行的最大值），"
+        return ("exp(logit) 上溢成 inf（inf/inf = NaN，有限数/inf = 0，log 0 = −inf）："
+                "用 log_softmax（它先减去每行的最大值），"
                 "不要自己写 exp(x) / exp(x).sum()。")
     if f.kind != "value":
         return None
     logits, tokens, got = f.inputs["logits"], f.inputs["tokens"], f.got
-    alternatives = {
-        "raw": _raw_logits(logits, tokens),
-        "shift": _shifted(logits, tokens), "eos": _eos_dropped(logits, tokens),
-        "mean": _mean(logits, tokens), "axis": _wrong_axis(logits, tokens)}
-    if close(got, alternatives["raw"]):
-        return ("像是直接把 logit 加起来了：logit 不是对数概率，先做 log_softmax(-1)"
-                "（每一行减去自己的 logsumexp）再取 y_t 那一项。")
-    if close(got, alternatives["shift"]):
-        return ("logits 与词元错开了一位：第 t 行已经是 P(y_t | y_<t, x) 的 logit，"
-                "直接与 tokens[t] 配对，不要再移位。")
-    if close(got, alternatives["eos"]):
-        return "少了最后一项：EOS 的对数概率也属于 log P(y|x)，“什么时候停”也是模型的输出。"
-    if close(got, alternatives["mean"]):
-        return "这是每个词元的平均对数概率；整句的 log P(y|x) 是各项之和（链式法则是连乘）。"
-    if close(got, alternatives["axis"]):
-        return "softmax 沿错了维度：每个位置在词表上归一，用 log_softmax(dim=-1)。"
+    picked = _picked(logits.log_softmax(-1), tokens)
+    texts = (
+        (_raw_logits(logits, tokens),
+         "像是直接把 logit 加起来了：logit 不是对数概率，先做 log_softmax(-1)"
+         "（每一行减去自己的 logsumexp）再取 y_t 那一项。"),
+        (-picked.sum(),
+         "符号反了：要的是 log P(y|x)（一个负数），不是负对数似然 −log P(y|x)。"),
+        (_shifted(logits, tokens),
+         "logits 与词元错开了一位：第 t 行已经是 P(y_t | y_<t, x) 的 logit，"
+         "直接与 tokens[t] 配对，不要再移位。"),
+        (_picked(logits.log_softmax(-1)[1:], tokens[:-1]).sum(),
+         "logits 与词元错开了一位（logits[1:] 配 tokens[:-1]）：第 t 行就是第 t 个词元的 logit，"
+         "直接与 tokens[t] 配对。"),
+        (picked[1:].sum(),
+         "少了第一项：第 0 行已经是 P(y_1 | x) 的 logit，logits 里没有要跳过的 BOS 行；"
+         "每一行都与同一位置的词元配对，一项也不丢。"),
+        (_eos_dropped(logits, tokens),
+         "少了最后一项：EOS 的对数概率也属于 log P(y|x)，“什么时候停”也是模型的输出。"),
+        (_mean(logits, tokens),
+         "这是每个词元的平均对数概率；整句的 log P(y|x) 是各项之和（链式法则是连乘）。"),
+        (_wrong_axis(logits, tokens),
+         "softmax 沿错了维度：每个位置在词表上归一，用 log_softmax(dim=-1)。"),
+    )
+    for alt, text in texts:  # float64 throughout: a recomputed bug matches to ~1e-12
+        if close(got, alt, rtol=1e-8, atol=1e-8):
+            return text
     return None
 
 
@@ -199,21 +221,63 @@ def _ce_cases(g):
             target[i, n:] = pad_id
         return logits, target, pad_id
 
+    n = 2 + int(torch.randint(0, 3, (1,), generator=g))
+    lengths = torch.randint(1, 7, (n,), generator=g).tolist()
+    lengths[int(torch.randint(0, n, (1,), generator=g))] = 7       # one target fills T
+    v3 = 6 + int(torch.randint(0, 4, (1,), generator=g))
     return [
         Case("三个长短不一的目标（PAD = 0）", draw([2, 5, 3], 7, 0, 1),
              note="目标长度 2、5、3，补齐到 5：10 个真实词元，5 个 PAD。",
              tags=frozenset({"pad"})),
-        Case("PAD 的编号不是 0", draw([4, 1, 6, 2], 8, 7, 0),
+        Case("PAD 的编号不是 0", _zero_occurs(draw([4, 1, 6, 2], 8, 7, 0)),
              note="pad_id = 7；编号 0 在这里是一个普通词元，也出现在目标里。",
              tags=frozenset({"pad7"})),
+        Case(f"{n} 个目标，PAD 的编号在词表中间", _pad_in_the_middle(draw(lengths, v3, v3 // 2, 0),
+                                                             lengths),
+             note=f"目标长度 {lengths}；pad_id = {v3 // 2}，比它大和比它小的编号都是普通词元。",
+             tags=frozenset({"padmid"})),
     ]
 
 
+def _zero_occurs(drawn):
+    """Token 0 is an ordinary target here (an answer that hard-codes PAD = 0 drops it)."""
+    logits, target, pad_id = drawn
+    target[0, 0] = 0
+    return logits, target, pad_id
+
+
+def _pad_in_the_middle(drawn, lengths):
+    """The real targets never hold pad_id (ids above and below it do occur)."""
+    logits, target, pad_id = drawn
+    v = logits.shape[-1]
+    for i, n in enumerate(lengths):
+        row = target[i, :n]
+        row[row == pad_id] = (pad_id + 1) % v
+        row[0], row[-1] = pad_id - 1, pad_id + 1       # both sides of pad_id
+    return logits, target, pad_id
+
+
 def _ce_hint(f):
+    logits, target, pad_id, got = f.inputs["logits"], f.inputs["target"], f.inputs["pad_id"], f.got
+    if f.kind == "nan":
+        return ("结果是 0/0 = NaN：有的句子（或整个批）一个真实词元也没选上。判断真实词元要用 "
+                "target != pad_id，不能假定 PAD 是最大（或最小）的编号。")
     if f.kind != "value":
         return None
-    logits, target, pad_id, got = f.inputs["logits"], f.inputs["target"], f.inputs["pad_id"], f.got
     n_tok = int((target != pad_id).sum())
+    keep = target != pad_id
+    nll = _nll(logits, target)
+    for wrong in (target < pad_id, target > pad_id):
+        if wrong.any() and close(got, (nll * wrong).sum() / wrong.sum()):
+            return ("真实词元选错了：不能假定 PAD 是最大（或最小）的编号，"
+                    "真实词元是 target != pad_id 的位置。")
+    if close(got, (nll[:, :-1] * keep[:, 1:]).sum() / keep[:, 1:].sum()) or close(
+            got, (_nll(logits[:, :-1], target[:, 1:]) * keep[:, 1:]).sum() / keep[:, 1:].sum()):
+        return ("logits 与目标错开了一位：这里的 logits[:, t] 已经是目标 target[:, t] 的预测"
+                "（强制教学的输入已经右移过），直接配对，不要再像语言模型那样移位。")
+    if close(got, nll.sum() / n_tok):
+        return (f"分母是真实词元数 {n_tok}，分子却把 PAD 位置的负对数似然也加进去了："
+                "求和之前先乘以 target != pad_id。")
     if close(got, _pad_counted(logits, target, pad_id)):
         return ("PAD 也被当成了要预测的目标：只对 target != pad_id 的位置求和，"
                 "除以真实词元数（F.cross_entropy 的 ignore_index=pad_id）。")
@@ -229,5 +293,13 @@ def _ce_hint(f):
     return None
 
 
+def _ignore_index(args, kwargs) -> bool:
+    """F.cross_entropy / F.nll_loss asked to drop the PAD targets itself (ignore_index)."""
+    value = kwargs.get("ignore_index", args[4] if len(args) > 4 else -100)
+    return value is not None and int(value) != -100
+
+
 register(Exercise("ch02.token_cross_entropy", "按词元平均的交叉熵", token_cross_entropy,
-                  CE_BUGS, _ce_cases, (_ce_hint,)))
+                  CE_BUGS, _ce_cases, (_ce_hint,),
+                  forbidden=((F.cross_entropy, "F.cross_entropy(ignore_index=…)", _ignore_index),
+                             (F.nll_loss, "F.nll_loss(ignore_index=…)", _ignore_index))))

@@ -13,4 +13,11 @@ SYMPTOMS = {
     ("ch02.token_cross_entropy", "summed_not_averaged"): ["总和", "N_tok"],
     ("ch02.token_cross_entropy", "divided_by_batch_size"): ["句子数", "N_tok"],
     ("ch02.token_cross_entropy", "pad_id_hardcoded_zero"): ["写死成了 0", "pad_id"],
+    ("ch02.beam_search", "eos_not_handled"): ["EOS", "移出束", "不再扩展"],
+    ("ch02.beam_search", "probabilities_summed"): ["概率加了起来", "对数概率相加"],
+    ("ch02.beam_search", "k_kept_per_parent"): ["每个前缀各留了 k 个", "只留对数概率最高的 k 个"],
+    ("ch02.beam_search", "length_normalised"): ["长度归一化", "不除以长度"],
+    ("ch02.beam_search", "sorted_ascending"): ["排序方向反了", "降序"],
+    ("ch02.beam_search", "last_step_only"): ["只按最后一步", "整个前缀"],
+    ("ch02.beam_search", "first_finished_returned"): ["最先完成", "对数概率最大"],
 }
