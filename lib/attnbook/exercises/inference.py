@@ -207,7 +207,6 @@ def _ring_hint(f):
 
 _RING_OFF = ((ring.merge_partials, "attnbook.ring.merge_partials"),
              (ring.ring_attention, "attnbook.ring.ring_attention"),
-             (ring.ring_attention_local, "attnbook.ring.ring_attention_local"),
              (ring.ring_attention_simulated, "attnbook.ring.ring_attention_simulated"),
              (ring._ring_loop, "attnbook.ring._ring_loop"),
              (ring._block, "attnbook.ring._block"),
