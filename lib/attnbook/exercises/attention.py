@@ -294,12 +294,13 @@ def _attention_cases(g):
 def _hint_half(f):
     if f.kind == "exception" and "half" in f.case.tags and "overflow" in str(f.exc):
         return ("float16 最大只能表示约 ±65504，填充值（例如 −1e9 或 float32 的最小值）在 float16 "
-                "下溢出（PyTorch 报 overflow）：用 float('-inf') 填充（再单独处理整行被屏蔽的行），"
-                "或 torch.finfo(x.dtype).min。")
+                "下溢出（PyTorch 报 overflow）：用 float('-inf') 填充，再单独把整行被屏蔽的行置 0。"
+                "torch.finfo(x.dtype).min 虽然不溢出，但整行被屏蔽时给出均匀分布（仍要单独置 0），"
+                "再加上别的偏置还会变成 −inf（float16 里 finfo.min − 16 就是 −inf）。")
 
 
 def _hint_broadcast(f):
-    if f.kind == "exception" and "broadcast" in f.case.tags:
+    if f.kind == "exception" and "mask" in f.inputs and "shape of the mask" in str(f.exc):
         return (f"这一例的 mask 形状是 {tuple(f.inputs['mask'].shape)}，要靠广播才能和分数对齐："
                 "布尔索引 s[~mask] 要求形状完全相同；用 s.masked_fill(~mask, …) 或 "
                 "torch.where(mask, s, …)，它们会按广播规则扩展 mask。")
@@ -314,8 +315,23 @@ def _matmul_left(text):
     return (None, int(hit[2])) if hit else None
 
 
+def _reversed_all(f):
+    """Whether ``q @ k.T`` (all dims reversed) raises the error ``fn`` raised: k.T on batched k."""
+    q, k = f.inputs.get("q"), f.inputs.get("k")
+    if q is None or k is None or k.ndim < 3:
+        return False
+    try:
+        q @ k.permute(*reversed(range(k.ndim)))
+    except RuntimeError as err:
+        return str(err) == str(f.exc)
+    return False
+
+
 def _hint_transpose(f):
     text = str(f.exc) if f.kind == "exception" else ""
+    if text and _reversed_all(f):
+        return ("k.T 在多于两维时把所有维度都倒过来（批和头也换了位置），matmul 就对不上："
+                "只转置最后两维，写 k.transpose(-2, -1)（或 k.mT）。")
     if "cannot be multiplied" not in text and "Expected size for first two dimensions" not in text:
         return None
     left = _matmul_left(text)

@@ -39,4 +39,12 @@ SYMPTOMS = {
     ("ch04.causal_attention", "triangle_inverted"): ["三角反了", "下三角"],
     ("ch04.causal_attention", "nan_on_rows_without_keys"): ["Tq > Tk", "应输出 0 而不是 NaN"],
     ("ch04.causal_attention", "last_rows_of_a_square_mask"): ["也要有 Tq 行", "偏移可以是负的"],
+    ("ch04.self_attention", "no_scaling"): ["没有缩放", "1/√d_k"],
+    ("ch04.self_attention", "scale_by_sqrt_d_model"): ["√d_model", "应是 √d_k"],
+    ("ch04.self_attention", "keys_projected_with_w_q"): ["x @ w_k"],
+    ("ch04.self_attention", "causal_triangle_inverted"): ["三角反了", "tril"],
+    ("ch04.self_attention", "padding_mask_forgotten"): ["少了填充掩码"],
+    ("ch04.self_attention", "padding_mask_on_the_queries"): ["屏蔽的是键", "不是查询"],
+    ("ch04.self_attention", "fill_minus_1e9"): ["应输出 0", "−1e9"],
+    ("ch04.self_attention", "softmax_over_the_queries"): ["softmax 沿错了维度"],
 }
