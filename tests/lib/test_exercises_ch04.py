@@ -155,3 +155,21 @@ def test_self_attention_nan_on_an_empty_sequence_is_named():
         return torch.softmax(s, -1) @ v
     ok, text = run("ch04.self_attention", no_guard)
     assert ok is False and "NaN" in text and "输出0" in hint(text), text
+
+
+def test_attention_if_mask_and_scale_after_softmax_are_named():
+    def if_mask(q, k, v, mask=None):
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if mask:
+            s = s.masked_fill(~mask, NEG_INF)
+        return torch.softmax(s, -1).nan_to_num(0.0) @ v
+    ok, text = run("ch04.attention", if_mask)
+    assert ok is False and "ifmaskisnotNone" in hint(text), text
+
+    def scale_after(q, k, v, mask=None):
+        s = q @ k.transpose(-2, -1)
+        if mask is not None:
+            s = s.masked_fill(~mask, NEG_INF)
+        return torch.softmax(s, -1).nan_to_num(0.0) @ v / math.sqrt(q.shape[-1])
+    ok, text = run("ch04.attention", scale_after)
+    assert ok is False and "softmax之前" in hint(text), text

@@ -22,12 +22,14 @@ NEG_INF = float("-inf")
 
 # --------------------------------------------------------------------------- reference solutions
 def masked_softmax(scores, mask):
-    """Softmax over the last dim where ``mask`` is True (chapter 04, eq-ch04-softmax); a fully masked row -> 0."""
+    """Softmax over the last dim where ``mask`` is True (chapter 04, eq-ch04-softmax); a fully
+    masked row -> 0."""
     return _lib_masked_softmax(scores.masked_fill(~mask, NEG_INF))
 
 
 def attention(q, k, v, mask=None):
-    """softmax(q k^T / sqrt(d_k), masked) v (chapter 04, eq-ch04-attention); a fully masked row -> 0."""
+    """softmax(q k^T / sqrt(d_k), masked) v (chapter 04, eq-ch04-attention); a fully masked
+    row -> 0."""
     return attention_ref(q, k, v, mask=mask).out
 
 
@@ -218,7 +220,8 @@ def _large_scores(g):
 
 
 def _large_qkv(g):
-    """float32 q, k, v where query 0 of each batch scores 120 (after 1/sqrt(16)) on an allowed key."""
+    """float32 q, k, v where query 0 of each batch scores 120 (after 1/sqrt(16)) on an allowed
+    key."""
     q, k, v = _randn(g, 2, 5, 16, scale=2.0), _randn(g, 2, 7, 16, scale=2.0), _randn(g, 2, 7, 4)
     mask = _mask(g, (2, 5, 7))
     j = _first_allowed(g, mask)[:, 0, 0]
@@ -283,7 +286,8 @@ def _attention_cases(g):
         Case("分数很大（float32）", _large_qkv(g), note="第 0 个查询对一个可关注的键的分数（缩放后）是 120。",
              tags=frozenset({"large"})),
         Case("半精度（float16），有一行整行被屏蔽",
-             (_randn(g, 1, 2, 4, 8, dtype=torch.float16), _randn(g, 1, 2, 6, 8, dtype=torch.float16),
+             (_randn(g, 1, 2, 4, 8, dtype=torch.float16),
+              _randn(g, 1, 2, 6, 8, dtype=torch.float16),
               _randn(g, 1, 2, 6, 5, dtype=torch.float16),
               _mask(g, (1, 1, 4, 6), full_row=(0, 0, r))),
              note=f"mask[0, 0, {r}] 整行是 False。", tags=frozenset({"half", "full"})),
@@ -346,6 +350,9 @@ def _hint_transpose(f):
 def _hint_none(f):
     if f.kind == "exception" and "mask" not in f.inputs and "NoneType" in str(f.exc):
         return "不传 mask 时它是 None：先判断 `if mask is not None:` 再做屏蔽。"
+    if f.kind == "exception" and "mask" in f.inputs and "is ambiguous" in str(f.exc):
+        return ("`if mask:` 要把整个布尔张量当成一个真假值，PyTorch 拒绝（ambiguous）："
+                "判断有没有传入掩码要写 `if mask is not None:`。")
 
 
 def _fully_masked_row(f):
@@ -407,7 +414,9 @@ def _alternatives(f):
             (f"缩放用的是 √d_v（v 的最后一维，{dv}），应是 √d_k（q、k 的最后一维，{dk}）。",
              _attn(q, k, v, m, dv ** -0.5)),
             ("softmax 沿错了维度：应对每一行（dim=-1：同一个查询对所有键）归一化。",
-             _attn(q, k, v, m, dim=-2))]
+             _attn(q, k, v, m, dim=-2)),
+            ("缩放要作用在分数上、softmax 之前：softmax(q kᵀ/√d_k) v，不是 softmax(q kᵀ) v/√d_k。",
+             _attn(q, k, v, m, 1.0) / math.sqrt(dk))]
     tk = k.shape[-2]
     alts.append((f"缩放用的是 √T_k（键的个数，{tk}），应是 √d_k（q、k 的最后一维，{dk}）。",
                  _attn(q, k, v, m, tk ** -0.5)))
