@@ -4,8 +4,9 @@
 of the keys -> the result over all keys, ``lse = logaddexp(lse1, lse2)``,
 ``O = exp(lse1 - lse) O1 + exp(lse2 - lse) O2`` (the split-KV / Flash-Decoding combine). The
 classic bugs average the two outputs, take the max for lse, weight with the lse of the wrong
-part, compute ``log(exp + exp)`` (overflow), or get ``exp(-inf - (-inf)) = NaN`` when both parts
-of a row are fully masked (the library's convention: O = 0, lse = -inf).
+part, compute ``log(exp + exp)`` (overflow), get ``exp(-inf - (-inf)) = NaN`` when both parts
+of a row are fully masked (the library's convention: O = 0, lse = -inf), or leave the weights
+``(..., T)`` without ``[..., None]`` (they broadcast against the ``dv`` axis of ``O``).
 
 ``attention_backward(q, k, v, out, lse, dout, mask=None)``: the recomputation backward of eq.
 eq-ch09-bwd -> ``(dq, dk, dv)``; ``P = exp(S - lse)`` is rebuilt from the saved lse. The bugs
@@ -41,6 +42,13 @@ def _merge(o1, lse1, o2, lse2, *, guard=True, weights="total", lse_op="logaddexp
     return w1 * o1 + w2 * o2, lse
 
 
+def _merge_flat(o1, lse1, o2, lse2):
+    """The weights left as (..., T): times (..., T, dv) they broadcast on the last axis."""
+    lse = torch.logaddexp(lse1, lse2)
+    safe = lse.masked_fill(torch.isneginf(lse), 0.0)
+    return torch.exp(lse1 - safe) * o1 + torch.exp(lse2 - safe) * o2, lse
+
+
 def merge_partial(o1, lse1, o2, lse2):
     """Merge two partial attention results over disjoint key sets (chapter 09, exercise).
 
@@ -59,6 +67,7 @@ MERGE_BUGS = {
                                                              lse_op="naive"),
     "nan_when_both_parts_are_masked": lambda o1, lse1, o2, lse2: _merge(o1, lse1, o2, lse2,
                                                                        guard=False),
+    "weights_without_last_axis": _merge_flat,
 }
 
 
@@ -106,6 +115,9 @@ def _merge_hint(f):
     if f.kind == "nan" and "masked" in f.case.tags:
         return ("两部分的 lse 都是 −inf 时，合并后的 lse 也是 −inf，exp(lse1 − lse) = exp(−inf − (−inf)) = NaN："
                 "做减法之前把 −inf 的 lse 换成 0（这一行的权重就都是 0，输出 0）。")
+    if f.kind == "exception" and isinstance(f.exc, RuntimeError) and "must match" in str(f.exc):
+        return ("形状 (…, T) 的权重 exp(lse_k − lse) 和形状 (…, T, d_v) 的 O_k 相乘之前要先加一维："
+                "exp(lse1 − lse)[..., None]；否则它沿 d_v 那一维广播（或者形状对不上）。")
     big = max(float(x.max()) for x in (a[1], a[3])) > 100
     if big and (f.kind in ("nan", "inf")
                 or close(f.got, MERGE_BUGS["log_of_exp_overflows"](*a)[0])):

@@ -4,7 +4,10 @@ The reader keeps a running max ``m_i`` and sum ``l_i`` per row: ``m' = max(m, ro
 ``l' = exp(m - m') * l + rowsum(exp(x_b - m'))``, then ``softmax(x) = exp(x - m) / l``. The
 classic bugs forget to rescale the old sum when the max grows, rescale the wrong way, get NaN
 when a whole block (or row) is -inf (``exp(-inf - (-inf))``), drop the last, partial block, or
-write each block's ``exp(x_b - m)`` as they go and rescale the sum but not those outputs.
+write each block's ``exp(x_b - m)`` as they go and rescale the sum but not those outputs. The
+hints name each; the dropped-last-block hint only where N is not a multiple of ``block``, a
+rounding-sized error is left to the precision hint (a float32 running state), and an all
+-inf row answered with 1/N is told that -inf was replaced by a large negative number.
 """
 from __future__ import annotations
 
@@ -132,9 +135,19 @@ def _hint(f):
     if close(f.got, _stale_outputs(x, block)):
         return ("l_i 修正了，但前面的块写下的 exp(x_b − m) 用的还是当时的最大值：最大值变大以后，"
                 "它们也要乘以 α = exp(m_i − m_new)（或者最后用最终的 m_i 统一算 exp(x − m_i) / l_i）。")
-    if close(f.got, _tail(x, block)):
+    if x.shape[-1] % block != 0 and close(f.got, _tail(x, block)):
         return (f"N = {x.shape[-1]} 不是 block = {block} 的整数倍时，最后一块不满 block 列，也要算进去："
                 "range(0, N, block)，切片 x[..., j:j + block] 会自动截短。")
+    if "masked" in f.case.tags and f.index is not None:
+        row = f.index[:-1]
+        got = f.got[row].double()
+        if bool(torch.isneginf(x[row]).all()) and bool((got - got.mean()).abs().max() < 1e-9) \
+                and float(got.mean()) > 0:
+            return ("整行都是 −inf 时应输出 0，你的像是均匀分布 1/N：是不是用 −1e9 之类的大负数代替了 "
+                    "−inf？那样整行被屏蔽时 exp(x − m) 全是 1。保留 −inf，只在做减法前把 m 换成 0。")
+    err = float((f.got.double() - f.expected).abs().nan_to_num(0.0).max())
+    if f.kind == "value" and err < 1e-5:
+        return None  # a rounding-sized error: the precision hint (float32 state?) speaks
     return "对照这一行：每块更新 m_i 和 l_i，最后输出 exp(x − m_i) / l_i。"
 
 

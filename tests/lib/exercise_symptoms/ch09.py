@@ -17,4 +17,12 @@ SYMPTOMS = {
     ("ch09.online_softmax", "nan_when_a_block_is_all_minus_inf"): ["−inf", "NaN", "换成 0"],
     ("ch09.online_softmax", "last_partial_block_dropped"): ["最后一块", "range(0, N, block)"],
     ("ch09.online_softmax", "outputs_not_rescaled"): ["前面的块写下的", "α = exp(m_i − m_new)"],
+    ("ch09.merge_partial", "weights_without_last_axis"): ["[..., None]", "d_v"],
+    ("ch09.tiled_attention", "running_output_not_rescaled"): ["acc", "α"],
+    ("ch09.tiled_attention", "lse_without_the_max"): ["lse = m + log l"],
+    ("ch09.tiled_attention", "running_max_starts_at_zero"): ["−inf", "不是 0", "下溢"],
+    ("ch09.tiled_attention", "stats_without_last_axis"): ["α[..., None]", "keepdim"],
+    ("ch09.tiled_attention", "nan_on_a_fully_masked_tile"): ["−inf", "NaN", "换成 0"],
+    ("ch09.tiled_attention", "nan_on_a_query_with_no_key"): ["l = 0", "0/0", "−inf"],
+    ("ch09.tiled_attention", "scale_forgotten"): ["1/√d"],
 }

@@ -1,0 +1,304 @@
+"""Chapter 09's hands-on exercises (attnbook.exercises.online, flashattn, tiled), beyond what
+tests/lib/test_exercises.py checks for every exercise: the tiled forward is checked for its
+method (one pass over the tiles, no Tq x Tk intermediate, the library's loops ruled out by
+name), wrong answers outside the galleries are rejected over seeds 0-3, correct but unusual
+answers pass, and the hints the reviews found misleading now name the real mistake."""
+import contextlib
+import io
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnbook import attention_ref, exercises
+from attnbook.exercises import check
+
+SEEDS = (0, 1, 2, 3)
+NEG_INF = float("-inf")
+
+
+def run(name, fn, **kw):
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        ok = check(name, fn, **kw)
+    return bool(ok), buf.getvalue()
+
+
+def hint(text):
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("提示："))
+    return "".join("".join(lines[start:]).split())
+
+
+# --------------------------------------------------------------------------- ch09.tiled_attention
+def _gather(kv_tiles):
+    ks, vs, keeps = [], [], []
+    for k, v, keep in kv_tiles:
+        ks.append(k)
+        vs.append(v)
+        keeps.append(keep)
+    return ks, vs, keeps
+
+
+def full_by_hand(q, kv_tiles):  # all tiles gathered, the whole score matrix at once
+    ks, vs, keeps = _gather(kv_tiles)
+    k, v = torch.cat(ks, -2), torch.cat(vs, -2)
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if keeps[0] is not None:
+        s = s.masked_fill(~torch.cat([m.expand(*s.shape[:-1], m.shape[-1]) for m in keeps], -1),
+                          NEG_INF)
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - lse.masked_fill(torch.isneginf(lse), 0.0)[..., None])
+    return p @ v, lse
+
+
+def via_attention_ref(q, kv_tiles):
+    ks, vs, keeps = _gather(kv_tiles)
+    mask = None
+    if keeps[0] is not None:
+        tq = q.shape[-2]
+        mask = torch.cat([m.expand(*m.shape[:-2], tq, m.shape[-1]) for m in keeps], -1)
+    res = attention_ref(q, torch.cat(ks, -2), torch.cat(vs, -2), mask=mask)
+    return res.out, res.lse
+
+
+def sdpa_per_tile(q, kv_tiles):  # torch's kernel on each tile, then merged: ruled out by name
+    out = lse = None
+    for k, v, keep in kv_tiles:
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        lse_j = torch.zeros(q.shape[:-1], dtype=q.dtype)
+        out, lse = (o, lse_j) if out is None else (out + o, lse)
+    return out, lse
+
+
+def two_passes(q, kv_tiles):  # iterates the stream twice: refused
+    m = None
+    for k, _, _ in kv_tiles:
+        s = (q @ k.transpose(-2, -1)).amax(-1)
+        m = s if m is None else torch.maximum(m, s)
+    for k, v, _ in kv_tiles:
+        pass
+    return q, m
+
+
+def _loop(q, kv_tiles, *, block_max_only=False, keep_ignored=False, lse_keepdim=False):
+    c = 1.0 / math.sqrt(q.shape[-1])
+    m = l_i = acc = None
+    for k, v, keep in kv_tiles:
+        s = q @ k.transpose(-2, -1) * c
+        if keep is not None and not keep_ignored:
+            s = s.masked_fill(~keep, NEG_INF)
+        if m is None:
+            m = torch.full(s.shape[:-1] + (1,), NEG_INF, dtype=s.dtype)
+            l_i = torch.zeros_like(m)
+            acc = torch.zeros(s.shape[:-1] + (v.shape[-1],), dtype=s.dtype)
+        bmax = s.amax(-1, keepdim=True)
+        m_new = bmax if block_max_only else torch.maximum(m, bmax)
+        safe = m_new.masked_fill(torch.isneginf(m_new), 0.0)
+        alpha = torch.exp(m.masked_fill(torch.isneginf(m), 0.0) - safe) if block_max_only \
+            else torch.exp(m - safe)
+        p = torch.exp(s - safe)
+        l_i = alpha * l_i + p.sum(-1, keepdim=True)
+        acc = alpha * acc + p @ v
+        m = m_new
+    out = acc / l_i.masked_fill(l_i == 0, 1.0)
+    lse = m + torch.log(l_i)
+    return out, (lse if lse_keepdim else lse.squeeze(-1))
+
+
+def block_max_only(q, kv_tiles):  # the reference point is this tile's max, not the running max
+    return _loop(q, kv_tiles, block_max_only=True)
+
+
+def mask_ignored(q, kv_tiles):
+    return _loop(q, kv_tiles, keep_ignored=True)
+
+
+def lse_keepdim(q, kv_tiles):  # lse returned as (..., Tq, 1)
+    return _loop(q, kv_tiles, lse_keepdim=True)
+
+
+def only_o(q, kv_tiles):
+    return _loop(q, kv_tiles)[0]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("fn", [block_max_only, mask_ignored, lse_keepdim, only_o],
+                         ids=lambda f: f.__name__)
+def test_wrong_tiled_forwards_outside_the_gallery_are_rejected(fn, seed):
+    ok, text = run("ch09.tiled_attention", fn, seed=seed)
+    assert ok is False and "✗" in text, text
+
+
+def test_the_whole_score_matrix_is_refused_and_named():
+    ok, text = run("ch09.tiled_attention", full_by_hand)
+    assert ok is False and "T_q × T_k" in text and "一块一块" in hint(text), text
+
+
+@pytest.mark.parametrize("fn,word", [(via_attention_ref, "attention_ref"),
+                                     (sdpa_per_tile, "scaled_dot_product_attention")])
+def test_the_librarys_and_torchs_attention_are_ruled_out_by_name(fn, word):
+    ok, text = run("ch09.tiled_attention", fn)
+    assert ok is False and "不许" in text and word in text, text
+
+
+def test_a_second_pass_over_the_tiles_is_refused():
+    ok, text = run("ch09.tiled_attention", two_passes)
+    assert ok is False and "只能遍历一次" in text and "只看一遍" in hint(text), text
+
+
+def test_the_tiled_forward_is_the_chapters_build_exercise():
+    assert exercises.get("ch09.tiled_attention").build
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_correct_but_unusual_tiled_forwards_pass(seed):
+    def lse_merge(q, kv_tiles):  # each tile's (O_j, lse_j), merged as in exercise 3
+        out = lse = None
+        for k, v, keep in kv_tiles:
+            s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+            if keep is not None:
+                s = s.masked_fill(~keep, NEG_INF)
+            lse_j = torch.logsumexp(s, -1)
+            p = torch.exp(s - lse_j.masked_fill(torch.isneginf(lse_j), 0.0)[..., None])
+            o_j = p @ v
+            if out is None:
+                out, lse = o_j, lse_j
+                continue
+            new = torch.logaddexp(lse, lse_j)
+            safe = new.masked_fill(torch.isneginf(new), 0.0)
+            out = torch.exp(lse - safe)[..., None] * out + torch.exp(lse_j - safe)[..., None] * o_j
+            lse = new
+        return out, lse
+
+    def flat_stats(q, kv_tiles):  # m, l as (..., Tq) with explicit [..., None]; where-guards
+        qs = q / math.sqrt(q.shape[-1])
+        m = l_i = acc = None
+        for k, v, keep in kv_tiles:
+            s = qs @ k.transpose(-2, -1)
+            if keep is not None:
+                s = torch.where(keep, s, torch.tensor(NEG_INF, dtype=s.dtype))
+            if m is None:
+                m = torch.full(s.shape[:-1], NEG_INF, dtype=s.dtype)
+                l_i = torch.zeros_like(m)
+                acc = torch.zeros(*s.shape[:-1], v.shape[-1], dtype=s.dtype)
+            m_new = torch.maximum(m, s.amax(-1))
+            ref = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+            alpha = torch.exp(m - ref)
+            p = torch.exp(s - ref[..., None])
+            l_i = l_i * alpha + p.sum(-1)
+            acc = acc * alpha[..., None] + torch.einsum("...qk,...kd->...qd", p, v)
+            m = m_new
+        denom = torch.where(l_i > 0, l_i, torch.ones_like(l_i))
+        return acc / denom[..., None], m + torch.log(l_i)
+
+    for fn in (lse_merge, flat_stats):
+        ok, text = run("ch09.tiled_attention", fn, seed=seed)
+        assert ok is True, text
+
+
+def test_the_reference_equals_attention_ref_on_every_case():
+    ex = exercises.get("ch09.tiled_attention")
+    from attnbook.exercises.tiled import _OneShot
+    for seed in SEEDS:
+        for case in ex.cases(seed):
+            q, tiles = case.args
+            k, v, keep = tiles.full()
+            want = attention_ref(q.double(), k.double(), v.double(), mask=keep)
+            out, lse = ex.solution(q.double(), _OneShot(tiles, torch.float64))
+            torch.testing.assert_close(out, want.out, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(lse, want.lse, rtol=1e-12, atol=1e-12)
+
+
+# --------------------------------------------------------------------------- ch09.online_softmax
+def os_float32_state(x, block):  # float64 input, running state kept in float32
+    m = torch.full(x.shape[:-1] + (1,), NEG_INF)
+    l_i = torch.zeros_like(m)
+    for j in range(0, x.shape[-1], block):
+        xb = x[..., j:j + block].float()
+        m_new = torch.maximum(m, xb.amax(-1, keepdim=True))
+        safe = m_new.masked_fill(torch.isneginf(m_new), 0.0)
+        l_i = torch.exp(m - safe) * l_i + torch.exp(xb - safe).sum(-1, keepdim=True)
+        m = m_new
+    safe = m.masked_fill(torch.isneginf(m), 0.0).to(x.dtype)
+    return torch.exp(x - safe) / l_i.masked_fill(l_i == 0, 1.0).to(x.dtype)
+
+
+def os_minus_1e9(x, block):  # -inf replaced by -1e9: an all -inf row becomes uniform
+    x = x.masked_fill(torch.isneginf(x), -1e9)
+    m = torch.full(x.shape[:-1] + (1,), -1e9, dtype=x.dtype)
+    l_i = torch.zeros_like(m)
+    for j in range(0, x.shape[-1], block):
+        xb = x[..., j:j + block]
+        m_new = torch.maximum(m, xb.amax(-1, keepdim=True))
+        l_i = torch.exp(m - m_new) * l_i + torch.exp(xb - m_new).sum(-1, keepdim=True)
+        m = m_new
+    return torch.exp(x - m) / l_i
+
+
+def test_a_float32_running_state_is_not_blamed_on_the_last_block():
+    ok, text = run("ch09.online_softmax", os_float32_state)
+    assert ok is False and "最后一块" not in hint(text), text
+
+
+def test_minus_1e9_for_minus_inf_is_named():
+    ok, text = run("ch09.online_softmax", os_minus_1e9)
+    assert ok is False and "−1e9" in hint(text) and "均匀" in hint(text), text
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_softmax_with_nan_to_num_is_ruled_out(seed):
+    ok, text = run("ch09.online_softmax", lambda x, block: torch.softmax(x, -1).nan_to_num(0.0),
+                   seed=seed)
+    assert ok is False and "torch.softmax" in text and "不许" in text, text
+
+
+# --------------------------------------------------------------------------- ch09.merge_partial
+def test_weights_without_the_last_axis_are_named():
+    def flat(o1, lse1, o2, lse2):
+        lse = torch.logaddexp(lse1, lse2)
+        safe = lse.masked_fill(torch.isneginf(lse), 0.0)
+        return torch.exp(lse1 - safe) * o1 + torch.exp(lse2 - safe) * o2, lse
+
+    ok, text = run("ch09.merge_partial", flat)
+    assert ok is False and "[...,None]" in hint(text), text
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_merge_returning_lse_zero_for_empty_rows_is_rejected(seed):
+    def lse_zero(o1, lse1, o2, lse2):
+        lse = torch.logaddexp(lse1, lse2)
+        safe = lse.masked_fill(torch.isneginf(lse), 0.0)
+        return (torch.exp(lse1 - safe)[..., None] * o1 + torch.exp(lse2 - safe)[..., None] * o2,
+                safe)
+
+    ok, text = run("ch09.merge_partial", lse_zero, seed=seed)
+    assert ok is False and "−inf" in hint(text), text
+
+
+def test_the_loops_shown_in_the_chapter_do_not_pass_the_tiled_forward():
+    # not ruled out by name (the chapter prints them above the exercise), but no help here:
+    # tiled_loop takes no mask, attention_tiled needs a whole Tq x Tk mask (refused)
+    from attnbook import attention_tiled
+    from attnbook.flash_teaching import tiled_loop
+
+    def via_tiled_loop(q, kv_tiles):
+        ks, vs, _ = _gather(kv_tiles)
+        k, v = torch.cat(ks, -2), torch.cat(vs, -2)
+        return tiled_loop(q.reshape(-1, q.shape[-1]), k.reshape(-1, k.shape[-1]),
+                          v.reshape(-1, v.shape[-1]), 4, 4)
+
+    def via_attention_tiled(q, kv_tiles):
+        ks, vs, keeps = _gather(kv_tiles)
+        k, v = torch.cat(ks, -2), torch.cat(vs, -2)
+        mask = None
+        if keeps[0] is not None:
+            mask = torch.cat([m.expand(*m.shape[:-2], q.shape[-2], m.shape[-1]) for m in keeps], -1)
+        res = attention_tiled(q, k, v, mask=mask)
+        return res.out, res.lse
+
+    for fn in (via_tiled_loop, via_attention_tiled):
+        for seed in SEEDS:
+            ok, text = run("ch09.tiled_attention", fn, seed=seed)
+            assert ok is False, text
