@@ -199,9 +199,15 @@ def beam_library(logp, bos, eos, k, max_len):  # the shortcut
     return list(h.tokens), h.logprob
 
 
+def beam_list_of_tensors(logp, bos, eos, k, max_len):  # correct: a list of 0-dim tensors, a float
+    toks, lp = beam_tensor(logp, bos, eos, k, max_len)
+    return list(toks), float(lp)
+
+
 @pytest.mark.parametrize("seed", SEEDS)
-def test_beam_correct_unusual_answer_passes(seed):
-    ok, text = run("ch02.beam_search", beam_tensor, seed)
+@pytest.mark.parametrize("fn", [beam_tensor, beam_list_of_tensors])
+def test_beam_correct_unusual_answer_passes(fn, seed):
+    ok, text = run("ch02.beam_search", fn, seed)
     assert ok, text
 
 

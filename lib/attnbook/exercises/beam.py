@@ -106,9 +106,12 @@ BUGS = {
 
 def _as_tokens(toks, dtype):
     """The reader's tokens as a float tensor (compared like any output); other types as given."""
-    if isinstance(toks, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool)
-                                               for t in toks):
-        return torch.tensor([float(t) for t in toks], dtype=dtype)
+    def integer(t):
+        return isinstance(t, int) and not isinstance(t, bool) or isinstance(
+            t, torch.Tensor) and t.ndim == 0 and t.dtype in (torch.int64, torch.int32)
+
+    if isinstance(toks, (list, tuple)) and all(integer(t) for t in toks):
+        return torch.tensor([float(int(t)) for t in toks], dtype=dtype)
     if isinstance(toks, torch.Tensor) and not toks.is_floating_point() \
             and not toks.is_complex() and toks.dtype != torch.bool:
         return toks.to(dtype)
