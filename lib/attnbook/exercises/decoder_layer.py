@@ -29,10 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..blocks import DecoderLayer, EncoderLayer
+from ..blocks import DecoderLayer
 from ..cache import CachedAttention
 from ..multihead import MultiHeadAttention
-from ..transformer import Transformer
 from ._core import Case, Exercise, register
 from ._report import close
 
@@ -229,8 +228,6 @@ def _hint(f):
 
 
 FORBIDDEN = ((DecoderLayer.forward, "attnbook.DecoderLayer"),
-             (EncoderLayer.forward, "attnbook.EncoderLayer"),
-             (Transformer.decode, "attnbook.Transformer.decode"),
              (MultiHeadAttention.forward, "attnbook.MultiHeadAttention"),
              (CachedAttention.forward, "attnbook.cache.CachedAttention"),
              (nn.TransformerDecoderLayer.forward, "nn.TransformerDecoderLayer"),
