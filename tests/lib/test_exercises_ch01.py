@@ -235,3 +235,55 @@ def test_bptt_hint_names_only_its_own_mistake():
     assert "h_{t-1}" in hint(text) and "tanh" not in hint(text)
     _, text = run("ch01.bptt", bptt_db_first_row)
     assert "1−z_t²" not in hint(text) and "W_hhᵀ：" not in hint(text)
+
+
+# --------------------------------------------------------------------------- red-team regressions
+def clip_running_norm(parameters, max_norm):  # clips inside the accumulation loop
+    sq = 0.0
+    for p in parameters:
+        if p.grad is None:
+            continue
+        sq += float(p.grad.pow(2).sum())
+        p.grad.mul_(min(1.0, max_norm / sq ** 0.5))
+    return sq ** 0.5
+
+
+def clip_shape1(parameters, max_norm):  # the norm as a shape-(1,) tensor
+    grads = [p.grad for p in parameters if p.grad is not None]
+    total = torch.cat([g.flatten() for g in grads]).norm(dim=0, keepdim=True)
+    for g in grads:
+        g.mul_(torch.clamp(max_norm / total, max=1.0))
+    return total
+
+
+def jac_eye_float32(factors, t, k):  # t == k: torch.eye(d), float32 without the batch axis
+    if t == k:
+        return torch.eye(factors.shape[-1])
+    prod = factors[:, t - 1]
+    for j in range(t - 1, k, -1):
+        prod = prod @ factors[:, j - 1]
+    return prod
+
+
+def jac_batch1(factors, t, k):  # only batch element 0, broadcast to every batch
+    prod = torch.eye(factors.shape[-1], dtype=factors.dtype)
+    for j in range(k + 1, t + 1):
+        prod = factors[0, j - 1] @ prod
+    return prod.expand(factors.shape[0], -1, -1).clone()
+
+
+def jac_swapped_tk(factors, t, k):  # t and k swapped in the range: always the identity
+    prod = torch.eye(factors.shape[-1], dtype=factors.dtype).expand(factors.shape[0], -1, -1)
+    for j in range(t + 1, k + 1):
+        prod = factors[:, j - 1] @ prod
+    return prod
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("name,fn", [
+    ("ch01.clip_grad_norm", clip_running_norm), ("ch01.clip_grad_norm", clip_shape1),
+    ("ch01.jacobian_product", jac_eye_float32), ("ch01.jacobian_product", jac_batch1),
+    ("ch01.jacobian_product", jac_swapped_tk)], ids=lambda x: getattr(x, "__name__", str(x)))
+def test_red_team_wrong_answers_stay_rejected(name, fn, seed):
+    ok, text = run(name, fn, seed)
+    assert not ok, text

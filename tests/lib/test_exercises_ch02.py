@@ -255,3 +255,37 @@ def test_beam_cases_show_beam_losing_to_greedy_and_k1_equal_to_greedy(seed):
 def test_beam_is_a_build_exercise_with_a_gallery():
     ex = exercises.get("ch02.beam_search")
     assert ex.build and len(ex.bugs) >= 5
+
+
+# --------------------------------------------------------------------------- red-team regressions
+def lp_item(logits, tokens):  # a Python float
+    return logits.log_softmax(-1).gather(-1, tokens[:, None]).sum().item()
+
+
+def lp_shape1(logits, tokens):  # shape (1,) instead of 0-dim
+    return logits.log_softmax(-1).gather(-1, tokens[:, None]).sum(0)
+
+
+def lp_float32(logits, tokens):  # computed in float32, cast back
+    return logits.float().log_softmax(-1).gather(-1, tokens[:, None]).sum().to(logits.dtype)
+
+
+def lp_lse_no_max_back(logits, tokens):  # logsumexp by hand, the max not added back
+    m = logits.amax(-1, keepdim=True)
+    lse = (logits - m).exp().sum(-1, keepdim=True).log()
+    return (logits - lse).gather(-1, tokens[:, None]).sum()
+
+
+def ce_no_flatten(logits, target, pad_id):  # (B, T, V) straight into cross_entropy
+    keep = target != pad_id
+    return (F.cross_entropy(logits, target, reduction="none") * keep).sum() / keep.sum()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("name,fn", [
+    ("ch02.sequence_logprob", lp_item), ("ch02.sequence_logprob", lp_shape1),
+    ("ch02.sequence_logprob", lp_float32), ("ch02.sequence_logprob", lp_lse_no_max_back),
+    ("ch02.token_cross_entropy", ce_no_flatten)], ids=lambda x: getattr(x, "__name__", str(x)))
+def test_red_team_wrong_answers_stay_rejected(name, fn, seed):
+    ok, text = run(name, fn, seed)
+    assert not ok, text
