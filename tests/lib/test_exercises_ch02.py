@@ -289,3 +289,8 @@ def ce_no_flatten(logits, target, pad_id):  # (B, T, V) straight into cross_entr
 def test_red_team_wrong_answers_stay_rejected(name, fn, seed):
     ok, text = run(name, fn, seed)
     assert not ok, text
+
+
+def test_unflattened_cross_entropy_is_told_where_the_classes_go():
+    ok, text = run("ch02.token_cross_entropy", ce_no_flatten)
+    assert not ok and "类别在第1维" in hint(text), text

@@ -259,6 +259,9 @@ def _pad_in_the_middle(drawn, lengths):
 
 def _ce_hint(f):
     logits, target, pad_id, got = f.inputs["logits"], f.inputs["target"], f.inputs["pad_id"], f.got
+    if f.kind == "exception" and "Expected target size" in str(f.exc):
+        return ("F.cross_entropy 要的类别在第 1 维：输入是 (N, V) 或 (B, V, T)。把 (B, T, V) 的 logits "
+                "先 flatten(0, 1)（目标也 flatten()），或者 transpose(1, 2)。")
     if f.kind == "nan":
         return ("结果是 0/0 = NaN：有的句子（或整个批）一个真实词元也没选上。判断真实词元要用 "
                 "target != pad_id，不能假定 PAD 是最大（或最小）的编号。")
