@@ -302,3 +302,89 @@ def test_the_loops_shown_in_the_chapter_do_not_pass_the_tiled_forward():
         for seed in SEEDS:
             ok, text = run("ch09.tiled_attention", fn, seed=seed)
             assert ok is False, text
+
+
+# --------------------------------------------------------------------------- ch09.tiled_backward
+def _bwd_full(q, out, lse, dout, kv_tiles):  # recomputation backward on the gathered tiles
+    ks, vs, keeps = _gather(kv_tiles)
+    k, v = torch.cat(ks, -2), torch.cat(vs, -2)
+    c = 1.0 / math.sqrt(q.shape[-1])
+    s = q @ k.transpose(-2, -1) * c
+    if keeps[0] is not None:
+        s = s.masked_fill(~torch.cat([m.expand(*s.shape[:-1], m.shape[-1]) for m in keeps], -1),
+                          NEG_INF)
+    p = torch.exp(s - lse.masked_fill(torch.isneginf(lse), 0.0)[..., None])
+    ds = p * (dout @ v.transpose(-2, -1) - (dout * out).sum(-1, keepdim=True))
+    return ds @ k * c, ds.transpose(-2, -1) @ q * c, p.transpose(-2, -1) @ dout
+
+
+def _bwd_tiles(q, out, lse, dout, kv_tiles, *, d_from_p=False, dk_unscaled=False):
+    c = 1.0 / math.sqrt(q.shape[-1])
+    ref = lse.masked_fill(torch.isneginf(lse), 0.0)[..., None]
+    d_rows = (dout * out).sum(-1, keepdim=True)
+    dq, dk, dv = torch.zeros_like(q), [], []
+    for k, v, keep in kv_tiles:
+        s = q @ k.transpose(-2, -1) * c
+        if keep is not None:
+            s = s.masked_fill(~keep, NEG_INF)
+        p = torch.exp(s - ref)
+        dp = dout @ v.transpose(-2, -1)
+        ds = p * (dp - ((p * dp).sum(-1, keepdim=True) if d_from_p else d_rows))
+        dv.append(p.transpose(-2, -1) @ dout)
+        dk.append(ds.transpose(-2, -1) @ q * (1.0 if dk_unscaled else c))
+        dq = dq + ds @ k * c
+    return dq, torch.cat(dk, -2), torch.cat(dv, -2)
+
+
+def bwd_d_from_tile_p(q, out, lse, dout, kv_tiles):  # D = rowsum(P_j dP_j) of this tile only
+    return _bwd_tiles(q, out, lse, dout, kv_tiles, d_from_p=True)
+
+
+def bwd_dk_unscaled(q, out, lse, dout, kv_tiles):
+    return _bwd_tiles(q, out, lse, dout, kv_tiles, dk_unscaled=True)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("fn", [bwd_d_from_tile_p, bwd_dk_unscaled], ids=lambda f: f.__name__)
+def test_wrong_tiled_backwards_outside_the_gallery_are_rejected(fn, seed):
+    ok, text = run("ch09.tiled_backward", fn, seed=seed)
+    assert ok is False and "✗" in text, text
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_tiled_backward_passes_tiled_and_is_refused_whole(seed):
+    ok, text = run("ch09.tiled_backward", _bwd_tiles, seed=seed)
+    assert ok is True, text
+    ok, text = run("ch09.tiled_backward", _bwd_full, seed=seed)
+    assert ok is False and "T_q × T_k" in text and "dK_j" in hint(text), text
+
+
+def test_the_tiled_backward_rules_out_autograd_and_the_library():
+    from attnbook import flash
+
+    def with_autograd(q, out, lse, dout, kv_tiles):
+        ks, vs, _ = _gather(kv_tiles)
+        k, v = torch.cat(ks, -2), torch.cat(vs, -2)
+        q_, k_, v_ = (t.clone().requires_grad_() for t in (q, k, v))
+        o = (q_ @ k_.transpose(-2, -1)).softmax(-1) @ v_
+        return torch.autograd.grad(o, (q_, k_, v_), dout)
+
+    ok, text = run("ch09.tiled_backward", with_autograd)
+    assert ok is False, text
+    assert flash.tiled_backward in [e[0] for e in exercises.get("ch09.tiled_backward").forbidden]
+
+
+def test_the_tiled_backward_equals_autograd_on_every_case():
+    ex = exercises.get("ch09.tiled_backward")
+    from attnbook.exercises.tiled import _OneShot
+    for seed in SEEDS:
+        for case in ex.cases(seed):
+            q, out, lse, dout, tiles = (a.double() if isinstance(a, torch.Tensor) else a
+                                        for a in case.args)
+            k, v, keep = tiles.full()
+            q_, k_, v_ = (t.double().clone().requires_grad_() for t in (q, k, v))
+            want = torch.autograd.grad(attention_ref(q_, k_, v_, mask=keep).out, (q_, k_, v_),
+                                       dout)
+            got = ex.solution(q, out, lse, dout, _OneShot(tiles, torch.float64))
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)

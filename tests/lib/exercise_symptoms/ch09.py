@@ -25,4 +25,10 @@ SYMPTOMS = {
     ("ch09.tiled_attention", "nan_on_a_fully_masked_tile"): ["−inf", "NaN", "换成 0"],
     ("ch09.tiled_attention", "nan_on_a_query_with_no_key"): ["l = 0", "0/0", "−inf"],
     ("ch09.tiled_attention", "scale_forgotten"): ["1/√d"],
+    ("ch09.tiled_backward", "D_dropped"): ["少了 D"],
+    ("ch09.tiled_backward", "D_from_the_tile_only"): ["整行所有的键", "dO_i · O_i"],
+    ("ch09.tiled_backward", "scale_forgotten"): ["1/√d"],
+    ("ch09.tiled_backward", "P_from_the_tile_max"): ["exp(S_j − lse)", "整行的 lse"],
+    ("ch09.tiled_backward", "dq_not_accumulated"): ["累加", "最后一块"],
+    ("ch09.tiled_backward", "nan_for_a_query_with_no_key"): ["lse = −inf", "NaN", "换成 0"],
 }
