@@ -8,7 +8,8 @@ on the top-k survivors renormalised; the result is the kept probabilities divide
 (0 elsewhere) -- ``softmax(attnbook.sampling.filter_logits(...))``. The hidden cases have no
 ties. The classic bugs forget to renormalise, drop the token that crosses p, shift the
 cumulative sum by one (one token too many), keep k - 1 tokens, run top-p on the unfiltered
-probabilities, or accumulate the sum in vocabulary order instead of sorted order.
+probabilities, or accumulate the sum in vocabulary order instead of sorted order, or over the
+sorted logits instead of the probabilities.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 
 from ..sampling import filter_logits
 from ._core import Case, Exercise, register
+from ._report import close
 
 
 def sampling_probs(logits, top_k=None, top_p=None):
@@ -24,7 +26,7 @@ def sampling_probs(logits, top_k=None, top_p=None):
 
 
 def _variant(logits, top_k=None, top_p=None, *, renorm=True, cross=True, shift=0, k_off=0,
-             p_on="kept", sort=True):
+             p_on="kept", sort=True, mass_of="probs"):
     p = torch.softmax(logits, -1)
     keep = torch.ones_like(p, dtype=torch.bool)
     if top_k is not None:
@@ -34,8 +36,11 @@ def _variant(logits, top_k=None, top_p=None, *, renorm=True, cross=True, shift=0
     if top_p is not None:
         q = torch.where(keep, p, 0.0)
         q = q / q.sum(-1, keepdim=True) if p_on == "kept" else p
+        if mass_of == "logits":                  # the mass summed over the logits themselves
+            q = torch.where(keep, logits, -torch.inf)
         sp, idx = q.sort(-1, descending=True) if sort else (q, None)
-        before = sp.cumsum(-1) - sp
+        before = sp.cumsum(-1) - sp if mass_of == "probs" else \
+            torch.where(sp.isinf(), 0.0, sp).cumsum(-1) - torch.where(sp.isinf(), 0.0, sp)
         if cross:
             n_keep = (before < top_p).sum(-1, keepdim=True) + shift
         else:
@@ -59,6 +64,8 @@ BUGS = {
                                                                             p_on="all"),
     "cumsum_in_vocab_order": lambda x, top_k=None, top_p=None: _variant(x, top_k, top_p,
                                                                         sort=False),
+    "mass_summed_over_logits": lambda x, top_k=None, top_p=None: _variant(
+        x, top_k, top_p, mass_of="logits"),
 }
 
 
@@ -100,6 +107,11 @@ def _hint(f):
                 "保留条件是“排在它前面的概率之和 < p”，而不是“包括它在内的和 ≤ p”。")
     if f.kind != "value":
         return None
+    args = {k: f.inputs[k] for k in ("logits", "top_k", "top_p") if k in f.inputs}
+    alt = BUGS["mass_summed_over_logits"](args["logits"], args.get("top_k"), args.get("top_p"))
+    if args.get("top_p") is not None and close(f.got, alt, 1e-9, 1e-12):
+        return ("top-p 累加的要是排好序的概率（softmax 之后），不是 logits：“质量达到 p”说的是"
+                "概率之和。")
     row = f.index[0] if f.index else 0
     got, want = f.got[row].double(), f.expected[row]
     n_got, n_want = int((got > 0).sum()), int((want > 0).sum())

@@ -25,3 +25,4 @@ SYMPTOMS.update({
     ("ch11.lm_loss", "log_of_softmax"): ["log_softmax", "下溢"],
     ("ch11.lm_loss", "sum_not_mean"): ["总和", "平均"],
 })
+SYMPTOMS[("ch11.sampling_probs", "mass_summed_over_logits")] = ["不是 logits", "概率之和"]
