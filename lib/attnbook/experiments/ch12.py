@@ -99,10 +99,19 @@ def _late_loss(logits, ids, first) -> float:
 
 def sink_metrics(model: GPT, ids: torch.Tensor, *, window: int = WINDOW,
                  sinks: int = SINKS) -> dict:
-    """Losses after the first eviction: full attention, window only, window + sinks."""
+    """Losses after the first eviction: full attention, window only, window + sinks.
+
+    ``ids`` ``(B, T)`` with ``sinks + window <= T - 2`` (else no prediction comes after the first
+    eviction: a ValueError).
+    """
     first = sinks + window
+    if first > ids.shape[1] - 2:
+        raise ValueError(f"sink_metrics: sinks + window = {first} leaves no prediction after the "
+                         f"first eviction in windows of {ids.shape[1]} tokens (needs <= "
+                         f"{ids.shape[1] - 2})")
+    was = model.training
+    model.eval()
     with torch.no_grad():
-        model.eval()
         full = model(ids).logits
     out = {"loss_full": _late_loss(full, ids, first),
            "loss_window": _late_loss(streaming_logits(model, ids, window=window), ids, first),
@@ -118,6 +127,7 @@ def sink_metrics(model: GPT, ids: torch.Tensor, *, window: int = WINDOW,
         out[f"first_attn_b{b}"] = float(w[:, :, first:, 0].mean())
         out[f"first_attn_b{b}_max_head"] = float(w[:, :, first:, 0].mean((0, 2)).max())
     out["first_attn_uniform"] = float((1 / torch.arange(first + 1, ids.shape[1] + 1.0)).mean())
+    model.train(was)
     return out
 
 
