@@ -189,6 +189,18 @@ def test_streaming_logits_equal_the_masked_forward_at_text_positions(window, sin
         assert (rebased - want).abs().max() > 1e-6
 
 
+def test_streaming_logits_rows_are_independent_and_float32_follows_the_forward():
+    model = _gpt(2)
+    ids = torch.randint(41, (3, 15), generator=torch.Generator().manual_seed(3))
+    both = streaming_logits(model, ids, window=4, sinks=2)
+    torch.testing.assert_close(both[1:2], streaming_logits(model, ids[1:2], window=4, sinks=2),
+                               rtol=0, atol=1e-12)
+    m32 = _gpt(2).float()
+    out = streaming_logits(m32, ids, window=None)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, m32(ids).logits, rtol=1e-4, atol=1e-5)
+
+
 def test_streaming_logits_restore_train_mode_and_leave_no_graph():
     model = _gpt().train()
     ids = torch.randint(41, (1, 6), generator=torch.Generator().manual_seed(2))
