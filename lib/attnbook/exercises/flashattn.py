@@ -95,11 +95,18 @@ def _halves(g, b, h, t, tk, split, dv=None, scale=1.0, masked_rows=(), first_mas
     return tuple(x.to(dtype) for x in (one.out, one.lse, two.out, two.lse))
 
 
+def _pick(g, lo, hi):
+    return int(torch.randint(lo, hi + 1, (1,), generator=g))
+
+
 def _merge_cases(g):
+    half = _pick(g, 4, 7)
+    t2, tk2, dv2 = _pick(g, 5, 8), _pick(g, 9, 12), _pick(g, 3, 6)
+    split2 = _pick(g, 3, tk2 - 3)
     return [
-        Case("两半各 6 个键", _halves(g, 1, 1, 5, 12, 6)),
-        Case("多头、两半长度不同", _halves(g, 2, 3, 7, 11, 4, dv=5),
-             note="前一半 4 个键，后一半 7 个；d_v = 5。"),
+        Case(f"两半各 {half} 个键", _halves(g, 1, 1, _pick(g, 4, 7), 2 * half, half)),
+        Case("多头、两半长度不同", _halves(g, 2, 3, t2, tk2, split2, dv=dv2),
+             note=f"前一半 {split2} 个键，后一半 {tk2 - split2} 个；d_v = {dv2}。"),
         Case("lse 很大", _halves(g, 1, 2, 4, 10, 5, scale=30.0),
              note="分数可达上千，lse 也是：exp(lse) 在 float64 里超过 709 就溢出。"),
         Case("有的行前一半全被屏蔽，有的行整行被屏蔽", _halves(g, 1, 1, 6, 10, 5,
@@ -219,9 +226,11 @@ def _bwd_cases(g):
     def case(title, note="", tags=frozenset(), **kw):
         args, kwargs = _fwd_case(g, **kw)
         return Case(title, args, kwargs, note=note, tags=tags)
+    t2 = _pick(g, 3, 5)
     return [
-        case("一个头，没有掩码", b=1, h=1, t=5, tk=6),
-        case("多头、T_q ≠ T_k、d_v ≠ d", b=2, h=2, t=4, tk=7, dv=5),
+        case("一个头，没有掩码", b=1, h=1, t=_pick(g, 4, 6), tk=_pick(g, 5, 8)),
+        case("多头、T_q ≠ T_k、d_v ≠ d", b=2, h=_pick(g, 2, 3), t=t2, tk=t2 + _pick(g, 2, 4),
+             dv=_pick(g, 3, 6)),
         case("因果掩码", b=1, h=2, t=6, tk=6, causal=True, note="mask = 下三角（True = 可以关注）。"),
         case("键的填充掩码，且有一行整行被屏蔽", b=1, h=1, t=5, tk=8, pad=6, masked_rows=(2,),
              note="后两个键被屏蔽；第 2 行整行被屏蔽（lse = −inf，O = 0）。",

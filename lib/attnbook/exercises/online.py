@@ -87,20 +87,33 @@ BUGS = {
 def _cases(g):
     def r(*shape, scale=1.0):
         return torch.randn(shape, generator=g, dtype=torch.float64) * scale
-    ramp = r(2, 6) + torch.linspace(0, 6, 6, dtype=torch.float64)  # the max grows block by block
+
+    def pick(lo, hi):
+        return int(torch.randint(lo, hi + 1, (1,), generator=g))
+
+    b1 = pick(2, 3)
+    n1 = b1 * pick(3, 4)                                  # a multiple of the block
+    ramp = r(2, n1) + torch.linspace(0, 6, n1, dtype=torch.float64)  # the max grows block by block
+    b2 = pick(3, 4)
+    n2 = b2 * pick(2, 3) + pick(1, b2 - 1)                # not a multiple: a partial last block
     first_masked = r(3, 6)
     first_masked[:, :2] = NEG_INF
     first_masked[2] = NEG_INF
+    n5 = pick(4, 7)
+    big = float(torch.empty(1).uniform_(60.0, 150.0, generator=g))
     return [
-        Case("N 是 block 的整数倍，最大值逐块变大", (ramp, 2), note="N = 6，block = 2：三块。"),
-        Case("N 不是 block 的整数倍", (r(3, 7), 3), note="N = 7，block = 3：最后一块只有 1 列。"),
+        Case("N 是 block 的整数倍，最大值逐块变大", (ramp, b1),
+             note=f"N = {n1}，block = {b1}：{n1 // b1} 块。"),
+        Case("N 不是 block 的整数倍", (r(3, n2), b2),
+             note=f"N = {n2}，block = {b2}：最后一块只有 {n2 % b2} 列。"),
         Case("第一块全是 −inf，最后一行整行是 −inf", (first_masked, 2),
              note="x[:, :2] 是 −inf（例如被屏蔽的键）；x[2] 整行是 −inf，应输出 0。",
              tags=frozenset({"masked"})),
-        Case("block = 1", (r(2, 5), 1)),
-        Case("block 比 N 大", (r(2, 5), 8), note="只有一块。"),
-        Case("分数很大（float32）", (r(2, 9, scale=100.0).float(), 4),
-             note="分数的绝对值可达 200 以上。"),
+        Case("block = 1", (r(2, n5), 1)),
+        Case("block 比 N 大", (r(2, n5), n5 + pick(1, 4)), note="只有一块。"),
+        Case("分数很大（float32），行的尺度各不相同",
+             (r(3, 9, scale=big).float() * torch.tensor([[1.0], [0.01], [3.0]]), 4),
+             note=f"第 0 行的分数可达 ±{2 * big:.0f} 左右，第 1 行只有它的百分之一。"),
         Case("整行都是很大的负数（float32）", (_negative_rows(g), 3),
              note="每一行的分数都在 −200 附近（没有一个是正的）：运行中的最大值要从 −inf 开始。",
              tags=frozenset({"negative"})),
