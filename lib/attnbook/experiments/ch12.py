@@ -149,8 +149,8 @@ register("ch12.sinks", chapter="12", run=run_sinks,
                "只留最近 16 个位置的滚动缓存，第一次挤出之后的损失比全缓存高 0.05 nats 以上；"
                "另外留下开头 4 个位置、按它们在文本里的位置旋转，每次运行都补回一部分差距；"
                "按 StreamingLLM 在缓存里重新编号，至少半数运行反而比只留窗口更差"
-               "（文本没有超出训练长度）；全注意力下这些查询放在第一个词元上的注意力"
-               "高于均匀注意力，但没有一个头的平均超过 0.3",
+               "（文本没有超出训练长度）；全注意力下，第 1 块里这些查询放在第一个词元上的注意力"
+               "（各头平均）高于均匀注意力，但两块里没有一个头的平均超过 0.3",
          notes="Measured inside the training length (64 tokens): re-basing is StreamingLLM's "
                "answer to streams longer than that, which this claim does not test. The first 4 "
                "tokens are BOS and the first poem's first characters; some scored positions are "
