@@ -375,3 +375,22 @@ def test_profile_metrics_reads_the_profiles():
 def test_profile_group_rejects_a_bad_group():
     with pytest.raises(ValueError, match="profile_group: `group` must be an int >= 0"):
         ch08.profile_group(-1)
+
+
+def test_count_metrics_are_quoted_as_whole_numbers():
+    """``counts``: heads and positions are quoted 2–2–2, not 2.00–2.00–2.00; a median between two
+    counts keeps its half; the other quoted metrics keep ``fmt``."""
+    assert core.range_text({"min": 2.0, "median": 2.0, "max": 2.0}, core.COUNT) == "2–2–2"
+    assert core.range_text({"min": 38.0, "median": 38.5, "max": 41.0}, core.COUNT) == "38–38.5–41"
+    assert core.range_text({"min": 2.0, "median": 2.0, "max": 2.0}, ".2f") == "2.00–2.00–2.00"  # control
+    reg = {}
+    core.register("ch99.heads", chapter="99", run=lambda s: {"n": 2.0, "acc": 1.0},
+                  claim="两个头", rule=Gt("n", 1), quoted=("n", "acc"), counts=("n",), registry=reg)
+    with pytest.raises(TypeError, match="`counts` must be a tuple of quoted metric names"):
+        core.register("ch99.bad", chapter="99", run=lambda s: {"n": 2.0}, claim="x",
+                      rule=Gt("n", 1), quoted=("acc",), counts=("n",), registry=reg)
+    with pytest.raises(TypeError, match="`counts` must be a tuple"):
+        core.register("ch99.bad2", chapter="99", run=lambda s: {"n": 2.0}, claim="x",
+                      rule=Gt("n", 1), quoted=("n",), counts="n", registry=reg)
+    assert experiments.quote("ch05.four_heads", "n_prev") == "2–2–2"
+    assert experiments.quote("ch05.four_heads", "label") == "1.00–1.00–1.00"

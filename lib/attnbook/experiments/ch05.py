@@ -199,4 +199,5 @@ register("ch05.four_heads", chapter="05", run=run_four_heads,
                   Gt("max_cost", 0.1)),
          claim="pair copy，4 个头、400 步：每个头都担任两种角色之一（看 i−1 或看 0），每种角色至少一个头；"
                "单独剪掉一个头的代价因头而异，至少有一个头剪掉后准确率降 0.1 以上",
-         quoted=("label", "n_prev", "n_first", "min_cost", "max_cost"), fmt=".2f")
+         quoted=("label", "n_prev", "n_first", "min_cost", "max_cost"), fmt=".2f",
+         counts=("n_prev", "n_first"))

@@ -254,7 +254,7 @@ register("ch06.length", chapter="06", run=run_length,
          claim="训练长度 16、测试长度 64：正弦编码一过训练长度就失效，RoPE 保持到约 2 倍长度后下降，"
                "ALiBi 在 4 倍长度上保持；不加位置编码的模型在见过的位置上就不如三者，越往后越差",
          quoted=("sinusoidal_far", "rope_mid", "rope_far", "rope_first_below_half", "alibi_far",
-                 "none_seen", "none_far"))
+                 "none_seen", "none_far"), counts=("rope_first_below_half",))
 register("ch06.length_controls", chapter="06", run=run_length,
          rule=All(Gt("rope_window_far", 0.95), Gt("sin_offset_far", "sinusoidal_far",
                   offset=0.5)), notes=_BUDGET,

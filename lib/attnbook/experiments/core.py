@@ -167,7 +167,7 @@ def summarize(exp: Experiment, rows: Sequence[dict]) -> dict:
     overall = [dict(rule=a.text(), **a.evaluate(runs)) for a in exp.overall]
     margins = ([worst["margin"]] if exp.rule.keys() else []) + [o["margin"] for o in overall]
     holds = all(p["holds"] for p in per_run) and all(o["holds"] for o in overall)
-    quotes = {m: range_text(metrics[m], exp.fmt) for m in exp.quoted}
+    quotes = {m: range_text(metrics[m], COUNT if m in exp.counts else exp.fmt) for m in exp.quoted}
     rates = {o["rule"]: {k: o[k] for k in ("k", "n", "lo", "hi")} for o in overall if "k" in o}
     return dict(claim=exp.name, chapter=exp.chapter, statement=exp.claim, rule=exp.text(),
                 unit=exp.unit, seeds=sorted({r["seed"] for r in mine}),
@@ -185,16 +185,26 @@ def _check_range_text(stats, fmt) -> None:
         raise TypeError(f"range_text: `stats` must be a dict with 'min', 'median' and 'max' (one "
                         f"metric of summarize's 'metrics'), got {stats!r}")
     try:
-        format(1.0, fmt)
+        _number(1.0, fmt)
     except (TypeError, ValueError):
         raise ValueError(f"range_text: `fmt` must be a format spec for numbers such as '.2f', "
                          f"got {fmt!r}") from None
 
 
+COUNT = "count"  # the format of a whole-number metric: 2, and 38.5 for a median between two counts
+
+
+def _number(value, fmt: str) -> str:
+    if fmt == COUNT:
+        return f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
+    return format(value, fmt)
+
+
 def range_text(stats: dict, fmt: str) -> str:
-    """The figure the prose quotes: ``min–median–max`` (en dashes), e.g. ``2.56–2.71–2.91``."""
+    """The figure the prose quotes: ``min–median–max`` (en dashes), e.g. ``2.56–2.71–2.91``;
+    ``fmt=COUNT`` for whole numbers (``38–39–41``)."""
     _check_range_text(stats, fmt)
-    return "–".join(format(stats[k], fmt) for k in ("min", "median", "max"))
+    return "–".join(_number(stats[k], fmt) for k in ("min", "median", "max"))
 
 
 def failures(summaries: Sequence[dict]) -> list[str]:
@@ -317,7 +327,7 @@ class Placement:
 
 
 def _fmt(value, fmt):
-    return format(value, fmt)
+    return _number(value, fmt)
 
 
 def where(name: str, metrics: dict, *, seed: int = 0, summaries: dict | None = None,
@@ -354,7 +364,7 @@ def where(name: str, metrics: dict, *, seed: int = 0, summaries: dict | None = N
     lines.append(f"{'':{width}s}  " + "  ".join(f"{h:>{c - _width(h) + len(h)}s}"
                                                for h, c in zip(head[:-1], cols)) + "  " + head[-1])
     for m in quoted:
-        st, f = entry["metrics"][m], exp.fmt
+        st, f = entry["metrics"][m], COUNT if m in exp.counts else exp.fmt
         value = this[m]
         inside = st["min"] <= value <= st["max"]
         out[m] = dict(this=value, same_seed={e: same[e][m] for e in envs if m in same[e]},

@@ -20,7 +20,8 @@ REGISTRY: dict[str, "Experiment"] = {}
 class Experiment:
     """One registered claim: ``run(seed) -> metrics``, a per-run ``rule`` that must hold on every
     run, ``overall`` rules over all runs together (rates, medians), the metrics the prose quotes
-    and the format of every quoted figure (e.g. ``".2f"``)."""
+    and the format of every quoted figure (e.g. ``".2f"``; a metric in ``counts`` is a whole number,
+    quoted as one: ``2–2–2``, a median between two counts as ``38.5``)."""
 
     name: str
     chapter: str
@@ -32,6 +33,7 @@ class Experiment:
     fmt: str = ".2f"
     unit: str = "seed"          # what one seed means, e.g. "group of 8 model seeds"
     notes: str = ""
+    counts: tuple[str, ...] = ()  # quoted metrics that are whole numbers (heads, positions)
 
     def text(self) -> str:
         """The rule in words: the per-run rule, then each rule over the runs."""
@@ -58,12 +60,14 @@ class Experiment:
 
 def register(name: str, *, chapter: str, run: Callable, claim: str, rule: Rule | None = None,
              quoted: Sequence[str] = (), overall: Sequence[Aggregate] = (), fmt: str = ".2f",
-             unit: str = "seed", notes: str = "", registry: dict | None = None) -> Experiment:
+             unit: str = "seed", notes: str = "", counts: Sequence[str] = (),
+             registry: dict | None = None) -> Experiment:
     """Add a claim to the registry (``registry`` defaults to the book's) and return it.
 
     ``rule`` (a :class:`~.rules.Rule`, default: no per-run condition) must hold on every run;
     each of ``overall`` (:class:`~.rules.Aggregate`: ``Rate``, ``Median``, ``Some`` ...) on the
-    runs together. ``quoted``: a tuple of metric names (not one string).
+    runs together. ``quoted``: a tuple of metric names (not one string); ``counts``: those of
+    them that are whole numbers (quoted without decimals).
     """
     fn = "register"
     reg = REGISTRY if registry is None else registry
@@ -92,6 +96,10 @@ def register(name: str, *, chapter: str, run: Callable, claim: str, rule: Rule |
                         f"got {quoted!r}")
     if len(set(quoted)) != len(quoted):
         raise ValueError(f"{fn}: `quoted` names a metric twice: {quoted!r}")
+    if isinstance(counts, str) or not isinstance(counts, Sequence) \
+            or not all(isinstance(c, str) and c in quoted for c in counts):
+        raise TypeError(f"{fn}: `counts` must be a tuple of quoted metric names (whole numbers), "
+                        f"got {counts!r}")
     if not isinstance(fmt, str):
         raise TypeError(f"{fn}: `fmt` must be a format spec such as '.2f', got {fmt!r}")
     try:
@@ -101,6 +109,7 @@ def register(name: str, *, chapter: str, run: Callable, claim: str, rule: Rule |
                          f"got {fmt!r}") from None
     if not (rule.keys() or overall):
         raise ValueError(f"{fn}: {name} needs a `rule` or an `overall` rule (a claim checks something)")
-    exp = Experiment(name, chapter, run, claim, rule, tuple(quoted), tuple(overall), fmt, unit, notes)
+    exp = Experiment(name, chapter, run, claim, rule, tuple(quoted), tuple(overall), fmt, unit, notes,
+                     tuple(counts))
     reg[name] = exp
     return exp
