@@ -76,14 +76,15 @@ BUGS = {
 def _cases(g):
     def r(*shape, scale=1.0, shift=0.0):
         return torch.randn(shape, generator=g, dtype=torch.float64) * scale + shift
+    d1, d2, d3 = (int(torch.randint(lo, lo + 4, (1,), generator=g)) for lo in (4, 7, 5))
     return [
-        Case("小例子", (r(3, 4), r(4, scale=0.5, shift=1.0), r(4, scale=0.5), 1e-5),
-             note="d = 4：每一行单独归一化。"),
-        Case("方差很小的行", (r(2, 8, scale=0.003, shift=5.0), r(8, scale=0.5, shift=1.0),
-                              r(8, scale=0.5), 1e-5),
+        Case("小例子", (r(3, d1), r(d1, scale=0.5, shift=1.0), r(d1, scale=0.5), 1e-5),
+             note=f"d = {d1}：每一行单独归一化。"),
+        Case("方差很小的行", (r(2, d2, scale=0.003, shift=5.0), r(d2, scale=0.5, shift=1.0),
+                              r(d2, scale=0.5), 1e-5),
              note="每行的标准差约 0.003，方差约 1e-5，与 eps 同一个量级。"),
-        Case("批 (2, 3, 6)，eps = 0.1", (r(2, 3, 6, scale=2.0), r(6, scale=0.5, shift=1.0),
-                                         r(6, scale=0.5), 0.1),
+        Case(f"批 (2, 3, {d3})，eps = 0.1", (r(2, 3, d3, scale=2.0), r(d3, scale=0.5, shift=1.0),
+                                            r(d3, scale=0.5), 0.1),
              note="eps 取传入的值 0.1，不是默认的 1e-5。"),
         Case("不传 eps（用默认值）", (r(2, 6, scale=0.002, shift=-3.0),
                                      r(6, scale=0.5, shift=1.0), r(6, scale=0.5)),
@@ -165,13 +166,15 @@ RMS_BUGS = {
 def _rms_cases(g):
     def r(*shape, scale=1.0, shift=0.0):
         return torch.randn(shape, generator=g, dtype=torch.float64) * scale + shift
+    d1, d2, d3 = (int(torch.randint(lo, lo + 4, (1,), generator=g)) for lo in (4, 7, 5))
     return [
-        Case("小例子，均值不为 0", (r(3, 4, shift=1.5), r(4, scale=0.5, shift=1.0), 1e-6),
-             note="d = 4，每行的均值约 1.5：RMSNorm 不减均值。"),
-        Case("尺度很小的行", (r(2, 8, scale=0.002, shift=0.001), r(8, scale=0.5, shift=1.0), 1e-5),
+        Case("小例子，均值不为 0", (r(3, d1, shift=1.5), r(d1, scale=0.5, shift=1.0), 1e-6),
+             note=f"d = {d1}，每行的均值约 1.5：RMSNorm 不减均值。"),
+        Case("尺度很小的行", (r(2, d2, scale=0.002, shift=0.001), r(d2, scale=0.5, shift=1.0),
+                              1e-5),
              note="每行的均方根约 0.002，均方约 4e-6，与 eps = 1e-5 同一个量级。"),
-        Case("批 (2, 3, 6)，eps = 0.1", (r(2, 3, 6, scale=2.0, shift=1.0),
-                                         r(6, scale=0.5, shift=1.0), 0.1),
+        Case(f"批 (2, 3, {d3})，eps = 0.1", (r(2, 3, d3, scale=2.0, shift=1.0),
+                                            r(d3, scale=0.5, shift=1.0), 0.1),
              note="eps 取传入的值 0.1。"),
         Case("不传 eps（用默认值）", (r(2, 6, scale=0.001), r(6, scale=0.5, shift=1.0)),
              note="调用时没有传 eps：用签名里的默认值 eps=1e-6；每行的均方约 1e-6。",
@@ -254,7 +257,8 @@ BLOCK_BUGS = {
 def _block_cases(g):
     def r(*shape, scale=1.0, shift=0.0):
         return torch.randn(shape, generator=g, dtype=torch.float64) * scale + shift
-    d, h = 6, 12
+    d = int(torch.randint(5, 9, (1,), generator=g))
+    h = 2 * d
     w = lambda: (r(d, h, scale=d ** -0.5), r(h, d, scale=h ** -0.5))  # noqa: E731
     return [
         Case("Post-LN（norm_first=False）", (r(3, d, scale=2.0, shift=1.0), *w(), False),
