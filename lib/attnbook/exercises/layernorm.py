@@ -7,7 +7,8 @@ axis, divide by the variance instead of its root or forget the gain and shift. A
 variance makes the eps bug large.
 
 ``ch08.residual_block``: one sublayer ``f(z) = relu(z @ w1) @ w2`` wired as Post-LN,
-``LN(x + f(x))``, or Pre-LN, ``x + f(LN(x))`` (LN without gain and shift, eps 1e-5; eq-ch08-pre-post).
+``LN(x + f(x))``, or Pre-LN, ``x + f(LN(x))`` (LN without gain and shift, eps 1e-5;
+eq-ch08-pre-post).
 Its classic bugs swap the two orders, add the normalised input instead of ``x`` in Pre-LN,
 normalise the Pre-LN output as well, drop the residual in Post-LN, or normalise ``x`` before
 the sum in Post-LN (``LN(x) + f(x)``).
@@ -29,7 +30,7 @@ from ._report import nearest
 
 
 def layer_norm(x, weight, bias, eps=1e-5):
-    """LayerNorm over the last dim (chapter 08, eq-ch08-layernorm), biased variance, eps inside the root."""
+    """LayerNorm over the last dim (chapter 08, eq-ch08-layernorm): biased variance, eps in the root."""
     return _lib_layer_norm(x, weight, bias, eps)
 
 
@@ -123,7 +124,7 @@ register(Exercise("ch08.layer_norm", "LayerNorm", layer_norm, BUGS, _cases, (_hi
 # ---------------------------------------------------------------------------------------------
 
 def rms_norm(x, weight, eps=1e-6):
-    """RMSNorm over the last dim (chapter 08, eq-ch08-rmsnorm): x / sqrt(mean(x^2) + eps) * weight."""
+    """RMSNorm over the last dim (chapter 08, eq-ch08-rmsnorm): x / sqrt(mean(x^2) + eps) * w."""
     return _lib_rms_norm(x, weight, eps)
 
 
