@@ -30,7 +30,7 @@ from ._report import nearest
 
 
 def layer_norm(x, weight, bias, eps=1e-5):
-    """LayerNorm over the last dim (chapter 08, eq-ch08-layernorm): biased variance, eps in the root."""
+    """LayerNorm over the last dim (eq-ch08-layernorm): biased variance, eps in the root."""
     return _lib_layer_norm(x, weight, bias, eps)
 
 
