@@ -140,10 +140,28 @@ def test_rope_attention_wrong_answers_outside_the_gallery(seed):
         "softmax over queries": lambda q, k, v, qp, kp: torch.softmax(
             _rot(q, qp) @ _rot(k, kp).transpose(-2, -1) / math.sqrt(q.shape[-1]), -2) @ v,
         "positions from 1": lambda q, k, v, qp, kp: _rope_attn(q, k, v, qp + 1, kp),
+        # q_pos ignored: the queries taken to be the last keys (true of every case but the last)
+        "q by the last key positions": lambda q, k, v, qp, kp: _rope_attn(
+            q, k, v, kp[-q.shape[-2]:], kp),
+        "causal mask by positions": lambda q, k, v, qp, kp: torch.softmax(
+            (_rot(q, qp) @ _rot(k, kp).transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(
+                kp[None, :] > qp[:, None], float("-inf")), -1) @ v,
+        "scaled by sqrt(Tk)": lambda q, k, v, qp, kp: torch.softmax(
+            _rot(q, qp) @ _rot(k, kp).transpose(-2, -1) / math.sqrt(k.shape[-2]), -1) @ v,
     }
     for why, fn in wrong.items():
         ok, text = run("ch06.rope_attention", fn, seed)
         assert ok is False and "✗" in text, (why, text)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rope_attention_queries_in_the_middle_are_named(seed):
+    fn = lambda q, k, v, qp, kp: _rope_attn(q, k, v, kp[-q.shape[-2]:], kp)  # noqa: E731
+    ok, text = run("ch06.rope_attention", fn, seed)
+    flat = text.replace("\n", "").replace(" ", "")
+    assert ok is False and "按传入的q_pos旋转" in flat and "不一定排在键的末尾" in flat, text
+    case = exercises.get("ch06.rope_attention").cases(seed)[-1]
+    assert "middle" in case.tags and case.args[3][-1] < case.args[4][-1] - 1
 
 
 def test_rope_attention_scores_depend_on_n_minus_m_in_the_cases():

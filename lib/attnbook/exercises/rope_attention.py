@@ -7,7 +7,9 @@ positions only through ``n - m``: the second hidden case is the first one with e
 shifted by the same large offset, and its right answer is the same output. The decoding case
 (``Tq < Tk``, queries at the end, ``B != Tq``) needs each side's own positions. The classic bugs
 rotate only the queries, turn the keys the other way, rotate the values too, rotate the keys by
-the queries' positions, ignore the given positions (0 .. T-1 instead) or leave out 1/sqrt(D).
+the queries' positions, ignore the given positions (0 .. T-1 instead), turn the queries by the
+last key positions instead of ``q_pos`` (the last case has its queries in the middle) or leave
+out 1/sqrt(D).
 """
 from __future__ import annotations
 
@@ -58,6 +60,10 @@ def _positions_ignored(q, k, v, q_pos, k_pos):
                    apply_rope(k, torch.arange(k.shape[-2])), v)
 
 
+def _q_at_the_end(q, k, v, q_pos, k_pos):    # q_pos unused: queries assumed to be the last keys
+    return _attend(apply_rope(q, k_pos[-q.shape[-2]:]), apply_rope(k, k_pos), v)
+
+
 def _no_scaling(q, k, v, q_pos, k_pos):
     return _attend(apply_rope(q, q_pos), apply_rope(k, k_pos), v, scale=False)
 
@@ -68,6 +74,7 @@ BUGS = {
     "v_rotated_too": _v_rotated,
     "k_rotated_by_query_positions": _k_by_q_pos,
     "positions_ignored": _positions_ignored,
+    "q_assumed_at_the_end": _q_at_the_end,
     "no_scaling": _no_scaling,
 }
 
@@ -81,6 +88,8 @@ _TEXTS = {
                                      "（解码时查询在序列末尾）。"),
     "positions_ignored": ("要用传入的 q_pos 和 k_pos：第 t 个查询的位置是 q_pos[t]，不一定是 t"
                           "（解码时新查询在序列的末尾）。"),
+    "q_assumed_at_the_end": ("q 要按传入的 q_pos 旋转：查询不一定排在键的末尾（这一例的查询在"
+                             "中间的位置），不能用 k_pos 的最后几个代替 q_pos。"),
     "no_scaling": "分数要除以 √D（D = q.shape[-1]）：旋转不改变向量的长度，缩放照旧。",
 }
 
@@ -97,6 +106,8 @@ def _cases(g):
     b = 3 + int(torch.randint(0, 2, (1,), generator=g))
     scale = float(2.0 ** int(torch.randint(0, 3, (1,), generator=g)))
     gaps = torch.randint(1, 50, (6,), generator=g).cumsum(0)
+    tk_mid = 7 + int(torch.randint(0, 3, (1,), generator=g))
+    q_mid = torch.randperm(tk_mid - 2, generator=g)[:3].sort().values   # never the last 3 keys
     return [
         Case(f"自注意力，位置 0…{t - 1}", (q, k, v, pos, pos),
              note=f"T = {t}，D = 8（四对），d_v = 6；q_pos = k_pos = 0…{t - 1}。"),
@@ -116,6 +127,11 @@ def _cases(g):
              (_randn(g, 3, 5, 32).float(), _randn(g, 3, 9, 32).float(),
               _randn(g, 3, 9, 8).float(), torch.arange(4, 9), torch.arange(9)),
              note="Tq = 5，Tk = 9，D = 32：q_pos = 4…8，k_pos = 0…8；返回 float32。"),
+        Case("查询在中间的位置（不在键的末尾）",
+             (_randn(g, b, 3, 12), _randn(g, b, tk_mid, 12), _randn(g, b, tk_mid, 5),
+              q_mid, torch.arange(tk_mid)),
+             note=f"B = {b}，Tq = 3，Tk = {tk_mid}：q_pos = {q_mid.tolist()}，k_pos = 0…{tk_mid - 1}"
+                  "（例如双向编码器只取几个位置的输出）。", tags=frozenset({"middle"})),
     ]
 
 

@@ -16,5 +16,6 @@ SYMPTOMS = {
     ("ch06.rope_attention", "v_rotated_too"): ["不旋转 v"],
     ("ch06.rope_attention", "k_rotated_by_query_positions"): ["k 按 k_pos（"],
     ("ch06.rope_attention", "positions_ignored"): ["传入的 q_pos 和 k_pos"],
+    ("ch06.rope_attention", "q_assumed_at_the_end"): ["按传入的 q_pos 旋转", "不一定排在键的末尾"],
     ("ch06.rope_attention", "no_scaling"): ["除以 √D"],
 }
