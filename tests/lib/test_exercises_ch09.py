@@ -148,6 +148,89 @@ def test_a_second_pass_over_the_tiles_is_refused():
     assert ok is False and "只能遍历一次" in text and "只看一遍" in hint(text), text
 
 
+# Ways around the tile stream that build no Tq x Tk tensor at once but keep what grows with T_k
+# (review R3): refused on the long key stream, by memory, with the hint naming the lesson.
+def kept_then_two_passes(q, kv_tiles):  # tiles stored in a list: max pass, then sum pass
+    tiles = list(kv_tiles)
+    c = 1 / math.sqrt(q.shape[-1])
+
+    def scores(k, keep):
+        s = q @ k.transpose(-2, -1) * c
+        return s if keep is None else s.masked_fill(~keep, NEG_INF)
+    m = None
+    for k, _, keep in tiles:
+        mj = scores(k, keep).amax(-1, keepdim=True)
+        m = mj if m is None else torch.maximum(m, mj)
+    safe = m.masked_fill(torch.isneginf(m), 0.0)
+    l_i = acc = 0
+    for k, v, keep in tiles:
+        p = torch.exp(scores(k, keep) - safe)
+        l_i, acc = l_i + p.sum(-1, keepdim=True), acc + p @ v
+    return acc / l_i.masked_fill(l_i == 0, 1.0), (m + torch.log(l_i)).squeeze(-1)
+
+
+def kept_scores(q, kv_tiles):  # every tile's scores stored, lse from them, then the output
+    ss, vs = [], []
+    for k, v, keep in kv_tiles:
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        ss.append(s if keep is None else s.masked_fill(~keep, NEG_INF))
+        vs.append(v)
+    lse = torch.logsumexp(torch.stack([torch.logsumexp(s, -1) for s in ss]), 0)
+    safe = lse.masked_fill(torch.isneginf(lse), 0.0)[..., None]
+    out = 0
+    for s, v in zip(ss, vs):
+        out = out + torch.exp(s - safe) @ v
+    return out, lse
+
+
+def row_by_row(q, kv_tiles):  # K, V gathered; each query's whole score row, one row at a time
+    ks, vs, keeps = _gather(kv_tiles)
+    k, v = torch.cat(ks, -2), torch.cat(vs, -2)
+    outs, lses = [], []
+    for i in range(q.shape[-2]):
+        s = q[..., i:i + 1, :] @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if keeps[0] is not None:
+            keep = torch.cat([m.expand(*q.shape[:-1], m.shape[-1])[..., i:i + 1, :]
+                              for m in keeps], -1)
+            s = s.masked_fill(~keep, NEG_INF)
+        lse = torch.logsumexp(s, -1)
+        outs.append(torch.exp(s - lse.masked_fill(torch.isneginf(lse), 0.0)[..., None]) @ v)
+        lses.append(lse)
+    return torch.cat(outs, -2), torch.cat(lses, -1)
+
+
+def key_by_key(q, kv_tiles):  # one (Tq, 1) score column per key, kept, then two passes
+    cols = []
+    for k, v, keep in kv_tiles:
+        for j in range(k.shape[-2]):
+            s = q @ k[..., j:j + 1, :].transpose(-2, -1) / math.sqrt(q.shape[-1])
+            cols.append((s if keep is None else s.masked_fill(~keep[..., j:j + 1], NEG_INF),
+                         v[..., j:j + 1, :]))
+    m = cols[0][0]
+    for s, _ in cols[1:]:
+        m = torch.maximum(m, s)
+    safe = m.masked_fill(torch.isneginf(m), 0.0)
+    l_i = acc = 0
+    for s, v in cols:
+        p = torch.exp(s - safe)
+        l_i, acc = l_i + p, acc + p @ v
+    return acc / l_i.masked_fill(l_i == 0, 1.0), (m + torch.log(l_i)).squeeze(-1)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("fn", [kept_then_two_passes, kept_scores, row_by_row, key_by_key],
+                         ids=lambda f: f.__name__)
+def test_keeping_the_tiles_for_later_is_refused(fn, seed):
+    ok, text = run("ch09.tiled_attention", fn, seed=seed)
+    assert ok is False and "很长的键流" in text, text
+    assert "T_q × T_k" in text or "只看一遍" in hint(text), text
+
+
+def test_a_kept_stream_is_told_so():
+    ok, text = run("ch09.tiled_attention", kept_then_two_passes)
+    assert ok is False and "KeptTiles" in text and "和键的总数T_k无关" in hint(text), text
+
+
 def test_the_tiled_forward_is_the_chapters_build_exercise():
     assert exercises.get("ch09.tiled_attention").build
 

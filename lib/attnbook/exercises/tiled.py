@@ -11,7 +11,10 @@ running max ``m``, the running sum ``l`` and the unnormalised output ``acc``, re
 The method is checked, not only the values: the tiles come through a one-shot iterator (a
 second pass is refused), and ``check`` refuses any intermediate as large as the full ``Tq x Tk``
 score matrix (a ``TorchDispatchMode`` watches every result while the answer runs): gathering
-the tiles and computing attention in one go is reported, named. The classic bugs forget to
+the tiles and computing attention in one go is reported, named. On a long key stream (case 6)
+the peak of live memory is bounded too: keeping the tiles, or each tile's scores, for a later
+pass (two passes over a stored list, one whole score row per query) is refused as
+``KeptTiles``, whatever the size of each piece. The classic bugs forget to
 rescale the running output, return ``log l`` without the max, start the running max at 0
 (every exp underflows when all scores are far below 0), keep ``m`` and ``l`` without their last
 axis (``alpha * acc`` then broadcasts over the wrong axis), get NaN on a tile where a query
@@ -21,6 +24,7 @@ has no key (``exp(-inf - (-inf))``), get NaN for a query with no key at all (0 /
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -37,8 +41,9 @@ class KVTiles:
     """The hidden key/value tiles of one case: ``(k_j, v_j, keep_j)`` tuples (``keep_j`` may be
     None). ``check`` hands the answer a one-shot iterator over copies of them."""
 
-    def __init__(self, tiles):
+    def __init__(self, tiles, long=False):
         self.tiles = tuple(tiles)
+        self.long = long  # a long key stream: the answer's live memory is bounded too
 
     def __repr__(self):
         sizes = [k.shape[-2] for k, _, _ in self.tiles]
@@ -87,6 +92,11 @@ class FullScores(Exception):
     """The answer built a tensor as large as the full Tq x Tk score matrix."""
 
 
+class KeptTiles(Exception):
+    """The answer kept, at one time, memory that grows with T_k (the tiles, or each tile's
+    scores, stored for later): on a long key stream its peak is far above the online state."""
+
+
 class _Watch(TorchDispatchMode):
     """Records the first result of any aten operation as large as the whole Tq x Tk scores (a
     dispatch mode: it sits below the off-limits recorder and sees every operation)."""
@@ -94,6 +104,30 @@ class _Watch(TorchDispatchMode):
     def __init__(self, lead: int, tq: int, tk: int):
         super().__init__()
         self.lead, self.tq, self.tk, self.seen = lead, tq, tk, None
+        # live memory: storage -> (tensors alive on it, bytes); the peak of the bytes alive at
+        # once among the tensors made while the answer runs (the tiles it is handed included)
+        self._alive: dict = {}
+        self.live = self.peak = 0
+
+    def _gone(self, ptr) -> None:
+        n, size = self._alive[ptr]
+        if n > 1:
+            self._alive[ptr] = (n - 1, size)
+        else:
+            del self._alive[ptr]
+            self.live -= size
+
+    def _track(self, t) -> None:
+        try:
+            st = t.untyped_storage()
+            ptr, size = st.data_ptr(), st.nbytes()
+            n, _ = self._alive.get(ptr, (0, size))
+            weakref.finalize(t, self._gone, ptr)
+        except Exception:  # noqa: BLE001  (a sparse or exotic tensor: not counted)
+            return
+        if n == 0:
+            self.live += size
+        self._alive[ptr] = (n + 1, size)
 
     def _big(self, t) -> bool:
         if not isinstance(t, torch.Tensor) or t.dim() == 0:
@@ -107,6 +141,10 @@ class _Watch(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(t, torch.Tensor):
+                self._track(t)
+        self.peak = max(self.peak, self.live)
         if self.seen is None:
             for t in (out if isinstance(out, (tuple, list)) else (out,)):
                 if self._big(t):
@@ -126,9 +164,23 @@ def _run(fn, args, kwargs):
         name, shape = watch.seen
         raise FullScores(f"{name} 得到了形状 {shape} 的张量：它和完整的 T_q × T_k = "
                          f"{q.shape[-2]} × {tiles.tk()} 分数矩阵一样大")
+    if tiles.long and fn is not tiled_attention:
+        _memory_bound(watch.peak, q, tiles)
     if isinstance(ret, (tuple, list)) and len(ret) == 2:
         return ret, {"O": ret[0], "lse": ret[1]}
     return ret, {"O": ret}
+
+
+def _memory_bound(peak: int, q, tiles) -> None:
+    """On a long key stream, refuse a peak of live memory above twice the online algorithm's
+    own plus a quarter of K and V: keeping the tiles (or every tile's scores) for a later pass."""
+    ref = _Watch(1, 1, 1)  # sizes unused: only its memory is read
+    with ref:
+        tiled_attention(q, _OneShot(tiles, q.dtype))
+    kv = sum((k.numel() + v.numel()) * q.element_size() for k, v, _ in tiles.tiles)
+    if peak > 2 * ref.peak + kv // 4:
+        raise KeptTiles(f"你的函数同时占着 {peak} 字节的张量；一块一块地算只需要约 {ref.peak} "
+                        f"字节，而全部 T_k = {tiles.tk()} 个键和值是 {kv} 字节")
 
 
 # --------------------------------------------------------------------------- reference and bugs
@@ -186,13 +238,15 @@ BUGS = {
 
 
 # --------------------------------------------------------------------------- hidden cases
-def _tiles(k, v, keep, sizes):
+def _tiles(k, v, keep, sizes, long=False):
     out, j = [], 0
     for b in sizes:
         m = None if keep is None else keep[..., j:j + b]
-        out.append((k[..., j:j + b, :], v[..., j:j + b, :], m))
+        # each tile its own storage: a tile's view of the whole K would count as all of K
+        out.append((k[..., j:j + b, :].clone(), v[..., j:j + b, :].clone(),
+                    None if m is None else m.clone()))
         j += b
-    return KVTiles(out)
+    return KVTiles(out, long)
 
 
 def _sizes(tk, block):
@@ -255,6 +309,12 @@ def _cases(g):
                                                    keep5, _sizes(tk, 3))),
                       note="keep_j 形状 (1, B_j)：同一列对所有查询一样（最后一个键被屏蔽）。",
                       tags=frozenset({"masked"})))
+    # 6: a long key stream, few queries: memory that grows with T_k (tiles kept for later) shows
+    tq, tk, block = pick(2, 4), pick(160, 240), pick(3, 5)
+    cases.append(Case("很长的键流，查询很少", (r(tq, 4), _tiles(r(tk, 4), r(tk, 3), None,
+                                                          _sizes(tk, block), long=True)),
+                      note=f"T_q = {tq}，T_k = {tk}，每块 {block} 个键：一块一块地算时，"
+                           "同时占用的内存和 T_k 无关。", tags=frozenset({"long"})))
     return cases
 
 
@@ -276,6 +336,10 @@ def _hint(f):
     if f.kind == "exception" and isinstance(f.exc, FullScores):
         return ("这一题要一块一块地算：任何时候都不要造出和完整的 T_q × T_k 分数矩阵一样大的张量"
                 "（例如把所有的 k_j 拼起来再乘 Q）。每来一块，只算这一块的 S_j、更新 m、l、acc。")
+    if f.kind == "exception" and isinstance(f.exc, KeptTiles):
+        return ("每块只看一遍、看完就不再需要它：不要把 k_j、v_j 或每块的分数存进列表、拼起来，"
+                "留到后面再算（第二遍或按查询逐行算整行）。每来一块就更新 m、l、acc，"
+                "同时占用的内存和键的总数 T_k 无关。")
     if f.kind == "exception" and isinstance(f.exc, RuntimeError) and "must match" in str(f.exc):
         return ("形状 (…, T_q) 的 m、l、α 和形状 (…, T_q, d_v) 的输出相乘之前要先加一维："
                 "α[..., None]（或者一开始就用 keepdim=True 保留最后一维）；否则它沿 d_v 那一维广播。")
