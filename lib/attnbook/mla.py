@@ -118,7 +118,7 @@ class MultiHeadLatentAttention(nn.Module):
         b, t, _ = x.shape
         h, dh, dr = self.n_heads, self.d_head, self.d_rope
         past = 0 if cache is None else len(cache)
-        pos = past + torch.arange(t, device=x.device)               # positions of the new tokens
+        pos = past + torch.arange(t, device=x.device)            # the new tokens' positions
         c_kv = self.down_kv(x)                                      # (B, T, d_latent)
         k_rope = apply_rope(self.rope_k(x), pos, base=self.rope_base)   # (B, T, d_rope)
         if cache is not None:
@@ -130,15 +130,16 @@ class MultiHeadLatentAttention(nn.Module):
         tk = c_kv.shape[1]
         mask = _bottom_right(t, tk, x.device) if causal and t != tk else None
         is_causal = causal and t == tk
-        scale = 1.0 / math.sqrt(dh + dr)                            # the head's full key dim
+        scale = 1.0 / math.sqrt(dh + dr)                         # the head's full key dim
         k_r = k_rope[:, None].expand(b, h, tk, dr)                  # shared by every head
         if absorb:
             w_q_lat, w_o_lat = self.absorbed_weights()
-            q_lat = torch.einsum("bhtd,hdc->bhtc", q_c, w_q_lat)    # q^C_i W^UK_i^T (B, H, T, d_c)
+            q_lat = torch.einsum("bhtd,hdc->bhtc", q_c, w_q_lat)    # q^C_i W^UK_i^T
             c = c_kv[:, None].expand(b, h, tk, self.d_latent)       # (B, H, Tk, d_latent)
-            o_lat = attention(torch.cat([q_lat, q_r], -1), torch.cat([c, k_r], -1), c, mask=mask,
-                              causal=is_causal, scale=scale, backend=self.backend)
-            return torch.einsum("bhtc,hcm->btm", o_lat, w_o_lat)   # sum_i O_lat_i (W^UV_i W^O_i)
+            o_lat = attention(torch.cat([q_lat, q_r], -1), torch.cat([c, k_r], -1), c,
+                              mask=mask, causal=is_causal, scale=scale,
+                              backend=self.backend)
+            return torch.einsum("bhtc,hcm->btm", o_lat, w_o_lat)   # sum_i O_i W^UV_i W^O_i
         k_c = self.up_k(c_kv).view(b, tk, h, dh).transpose(1, 2)   # (B, H, Tk, d_head)
         v = self.up_v(c_kv).view(b, tk, h, dh).transpose(1, 2)     # (B, H, Tk, d_head)
         o = attention(torch.cat([q_c, q_r], -1), torch.cat([k_c, k_r], -1), v, mask=mask,

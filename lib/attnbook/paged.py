@@ -154,30 +154,34 @@ class PagedKVCache:
 
 
 def paged_attention(q, cache: PagedKVCache, seq_ids, *, causal=False, scale=None):
-    """Attention of each sequence's queries over its keys and values read through the block
-    table (chapter 12).
+    """Attention of each sequence's queries over its keys and values read
+    through the block table (chapter 12).
 
-    Args: q ``(B, H, Tq, d_k)``, row b for sequence ``seq_ids[b]``; H a multiple of H_kv
-    (grouped-query heads share a key/value head). ``causal``: the Tq queries are the last Tq
-    positions of their sequence (bottom-right aligned). Returns ``(B, H, Tq, d_v)``.
+    Args: q ``(B, H, Tq, d_k)``, row b for sequence ``seq_ids[b]``; H a multiple of
+    H_kv (grouped-query heads share a key/value head). ``causal``: the Tq queries are
+    the last Tq positions of their sequence (bottom-right aligned).
+    Returns ``(B, H, Tq, d_v)``.
     """
     fn = "paged_attention"
     check_tensor("q", q, fn=fn, min_ndim=4)
     causal = check_bool("causal", causal, fn=fn)
     if not isinstance(cache, PagedKVCache):
-        raise TypeError(f"{fn}: `cache` must be a PagedKVCache, got {type(cache).__name__}")
+        raise TypeError(f"{fn}: `cache` must be a PagedKVCache, "
+                        f"got {type(cache).__name__}")
     seq_ids = list(seq_ids)
     h_kv = cache.k_blocks.shape[1]
     if q.ndim != 4 or len(seq_ids) != q.shape[0] or q.shape[1] % h_kv:
-        raise ValueError(f"{fn}: `q` must be (B = len(seq_ids) = {len(seq_ids)}, H (a multiple of "
+        raise ValueError(f"{fn}: `q` must be (B = len(seq_ids) = {len(seq_ids)}, "
+                         f"H (a multiple of "
                          f"H_kv = {h_kv}), Tq, d_k), got {describe(q)}")
     outs = []
     for b, sid in enumerate(seq_ids):
         k, v = cache.gather(sid)                                 # (H_kv, T, d)
         rep = q.shape[1] // h_kv
-        k, v = k.repeat_interleave(rep, 0)[None], v.repeat_interleave(rep, 0)[None]   # (1, H, T, d)
+        k = k.repeat_interleave(rep, 0)[None]                    # (1, H, T, d_k)
+        v = v.repeat_interleave(rep, 0)[None]                    # (1, H, T, d_v)
         tq, tk = q.shape[2], k.shape[2]
-        mask = None                                              # bottom-right: j <= Tk - Tq + i
+        mask = None                                    # bottom-right: j <= Tk - Tq + i
         if causal:
             mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(tk - tq)
         outs.append(attention_ref(q[b:b + 1], k, v, mask=mask, scale=scale).out)

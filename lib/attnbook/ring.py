@@ -90,35 +90,42 @@ def _ring_loop(q, kv, d, rank, lengths, causal, scale, pass_on):
 
 @torch.no_grad()
 def ring_attention_local(q, k, v, *, causal=False, scale=None, group=None):
-    """One rank's share of ring attention, inside an initialised process group (chapter 12).
+    """One rank's share of ring attention, inside an initialised process group
+    (chapter 12).
 
-    Rank r passes its own query, key and value blocks (global positions after those of ranks
-    0 .. r - 1; block lengths may differ and are exchanged first). Args: q ``(B, H, t_r, D)``,
-    k ``(B, H, t_r, D)``, v ``(B, H, t_r, Dv)``; ``causal`` top-left over global positions;
+    Rank r passes its own query, key and value blocks (global positions after those of
+    ranks 0 .. r - 1; block lengths may differ and are exchanged first).
+    Args: q ``(B, H, t_r, D)``, k ``(B, H, t_r, D)``, v ``(B, H, t_r, Dv)``;
+    ``causal`` top-left over global positions;
     ``group``: the process group (default: the world). Returns :class:`AttentionResult`
     ``(out (B, H, t_r, Dv), lse (B, H, t_r), None)`` for this rank's queries.
     """
     import torch.distributed as dist
     fn = "ring_attention_local"
     if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError(f"{fn}: needs an initialised torch.distributed process group "
-                           f"(dist.init_process_group); use ring_attention for local processes")
+        raise RuntimeError(f"{fn}: needs an initialised torch.distributed process "
+                           f"group (dist.init_process_group); use ring_attention for "
+                           f"local processes")
     scale, causal = _check_qkv(q, k, v, scale, causal, fn)
     rank, p = dist.get_rank(group), dist.get_world_size(group)
-    shape = torch.tensor([*q.shape[:2], q.shape[2], q.shape[3], v.shape[3]])   # B, H, t, D, Dv
+    shape = torch.tensor([*q.shape[:3], q.shape[3], v.shape[3]])     # B, H, t, D, Dv
     shapes = [torch.zeros_like(shape) for _ in range(p)]
     dist.all_gather(shapes, shape, group=group)
     for r, other in enumerate(shapes):
         if not torch.equal(other[[0, 1, 3, 4]], shape[[0, 1, 3, 4]]):
-            raise ValueError(f"{fn}: rank {r} has (B, H, D, Dv) = {other[[0, 1, 3, 4]].tolist()}, "
+            raise ValueError(f"{fn}: rank {r} has (B, H, D, Dv) = "
+                             f"{other[[0, 1, 3, 4]].tolist()}, "
                              f"rank {rank} has {shape[[0, 1, 3, 4]].tolist()}")
     lengths = [int(s[2]) for s in shapes]
-    peer = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
+
+    def peer(r):                                        # group rank -> global rank
+        return r if group is None else dist.get_global_rank(group, r)
     nxt, prv = peer((rank + 1) % p), peer((rank - 1) % p)
 
     def pass_on(kv, s):
         buf = kv.new_empty(*kv.shape[:2], lengths[(rank - s - 1) % p], kv.shape[3])
-        ops = [dist.P2POp(dist.isend, kv, nxt, group), dist.P2POp(dist.irecv, buf, prv, group)]
+        ops = [dist.P2POp(dist.isend, kv, nxt, group),
+               dist.P2POp(dist.irecv, buf, prv, group)]
         works = dist.batch_isend_irecv(ops)
 
         def receive():
@@ -127,7 +134,7 @@ def ring_attention_local(q, k, v, *, causal=False, scale=None, group=None):
             return buf
         return receive
 
-    kv = torch.cat([k, v], -1).contiguous()                   # one message per step: [K | V]
+    kv = torch.cat([k, v], -1).contiguous()            # one message per step: [K | V]
     return _ring_loop(q, kv, q.shape[-1], rank, lengths, causal, scale, pass_on)
 
 
