@@ -210,3 +210,42 @@ def test_sampling_probs_kthvalue_answer_passes(seed):
 
     ok, text = run("ch11.sampling_probs", kth, seed)
     assert ok, text
+
+
+def _flat(text):
+    return text.replace("\n", "").replace(" ", "")
+
+
+def test_kv_step_a_mask_that_hides_the_new_token_itself_is_named():
+    def hides_itself(q, k_new, v_new, k_cache, v_cache):     # appended, but the diagonal masked
+        k_all, v_all = torch.cat([k_cache, k_new], -2), torch.cat([v_cache, v_new], -2)
+        n, tk = q.shape[-2], k_all.shape[-2]
+        s = q @ k_all.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        s = s.masked_fill(~torch.ones(n, tk, dtype=torch.bool).tril(tk - n - 1), float("-inf"))
+        return torch.softmax(s, -1) @ v_all, k_all, v_all
+    ok, text = run("ch11.kv_step", hides_itself)
+    assert ok is False and "掩码也不能挡住它自己" in _flat(text), text
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_sampling_probs_float32_work_is_not_blamed_on_the_sort_order(seed):
+    def in_float32(logits, top_k=None, top_p=None):
+        return torch.softmax(_filter32(logits.float(), top_k, top_p), -1).to(logits.dtype)
+    ok, text = run("ch11.sampling_probs", in_float32, seed)
+    assert ok is False and "词表顺序" not in _flat(text), text
+    # the gallery's vocabulary-order bug keeps its hint
+    ok, text = run("ch11.sampling_probs",
+                   exercises.get("ch11.sampling_probs").bugs["cumsum_in_vocab_order"], seed)
+    assert ok is False and "词表顺序" in _flat(text), text
+
+
+def _filter32(x, top_k, top_p):
+    if top_k is not None:
+        kth = x.topk(min(top_k, x.shape[-1]), -1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if top_p is not None:
+        srt, idx = x.sort(-1, descending=True)
+        p = srt.softmax(-1)
+        drop = (p.cumsum(-1) - p) >= top_p
+        x = x.masked_fill(torch.zeros_like(drop).scatter(-1, idx, drop), float("-inf"))
+    return x

@@ -101,7 +101,9 @@ def _cases(g):
 
 
 MESSAGES = {
-    "attends_before_appending": "先把新的键和值追加进缓存，再做注意力：新位置要能看到它自己的键。",
+    "attends_before_appending": ("新位置要能看到它自己的键：先把新的键和值追加进缓存，再做注意力；"
+                                 "掩码也不能挡住它自己（第 i 个新查询看键 0 … t + i，"
+                                 "包括 t + i）。"),
     "no_causal_mask_among_new": ("一次来多个新位置时，它们之间也要因果掩码：第 i 个新查询在位置 "
                                  "t + i，只能看键 0 … t + i，看不到排在它后面的新位置。"),
     "cache_thrown_away": "k_all / v_all 要包含缓存里的：torch.cat([k_cache, k_new], dim=-2)。",
