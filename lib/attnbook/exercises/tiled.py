@@ -14,7 +14,8 @@ score matrix (a ``TorchDispatchMode`` watches every result while the answer runs
 the tiles and computing attention in one go is reported, named. On a long key stream (case 6)
 the peak of live memory is bounded too: keeping the tiles, or each tile's scores, for a later
 pass (two passes over a stored list, one whole score row per query) is refused as
-``KeptTiles``, whatever the size of each piece. The classic bugs forget to
+``KeptTiles``, whatever the size of each piece; on every case, so is a tile whose ``k_j`` or
+``v_j`` is still referenced when the tile after next arrives. The classic bugs forget to
 rescale the running output, return ``log l`` without the max, start the running max at 0
 (every exp underflows when all scores are far below 0), keep ``m`` and ``l`` without their last
 axis (``alpha * acc`` then broadcasts over the wrong axis), get NaN on a tile where a query
@@ -74,15 +75,26 @@ class _OneShot:
 
     def __init__(self, tiles: KVTiles, dtype):
         self._tiles, self._dtype, self._used = tiles, dtype, False
+        self._refs: list = []  # weak references to the k_j, v_j handed out
+        self.kept = None       # the first tile still referenced two tiles later (kept for later)
+
+    def _check_kept(self, j: int) -> None:
+        if self.kept is None and j >= 0 and any(r() is not None for r in self._refs[j]):
+            self.kept = j
 
     def __iter__(self):
         if self._used:
             raise RuntimeError("kv_tiles 只能遍历一次：键/值块是一块一块流过来的，"
                                "不能回头再读（在线算法只看一遍）。")
         self._used = True
-        for k, v, keep in self._tiles.tiles:
-            yield (k.detach().clone().to(self._dtype), v.detach().clone().to(self._dtype),
-                   None if keep is None else keep.clone())
+        for j, (k, v, keep) in enumerate(self._tiles.tiles):
+            self._check_kept(j - 2)  # the loop variables may still hold tile j - 1, not j - 2
+            k_j = k.detach().clone().to(self._dtype)
+            v_j = v.detach().clone().to(self._dtype)
+            self._refs.append((weakref.ref(k_j), weakref.ref(v_j)))
+            yield (k_j, v_j, None if keep is None else keep.clone())
+            del k_j, v_j
+        self._check_kept(len(self._refs) - 2)
 
     def __repr__(self):
         return repr(self._tiles)
@@ -159,16 +171,25 @@ def _run(fn, args, kwargs):
     lead = math.prod(q.shape[:-2])
     watch = _Watch(lead, q.shape[-2], tiles.tk())
     with watch:
-        ret = fn(q, _OneShot(tiles, q.dtype), *args[2:], **kwargs)
+        stream = _OneShot(tiles, q.dtype)
+        ret = fn(q, stream, *args[2:], **kwargs)
     if watch.seen is not None:
         name, shape = watch.seen
         raise FullScores(f"{name} 得到了形状 {shape} 的张量：它和完整的 T_q × T_k = "
                          f"{q.shape[-2]} × {tiles.tk()} 分数矩阵一样大")
+    _kept(stream)
     if tiles.long and fn is not tiled_attention:
         _memory_bound(watch.peak, q, tiles)
     if isinstance(ret, (tuple, list)) and len(ret) == 2:
         return ret, {"O": ret[0], "lse": ret[1]}
     return ret, {"O": ret}
+
+
+def _kept(stream: _OneShot) -> None:
+    """Refuse an answer that still held tile j when tile j + 2 was handed out (or at the end)."""
+    if stream.kept is not None:
+        raise KeptTiles(f"读到第 {stream.kept + 3} 块时，你的函数还留着第 {stream.kept + 1} 块的 "
+                        "k_j 或 v_j（存进了列表或别的变量）")
 
 
 def _memory_bound(peak: int, q, tiles) -> None:

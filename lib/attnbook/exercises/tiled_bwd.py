@@ -8,7 +8,9 @@ masked; ``P_j = exp(S_j - lse)`` rebuilt from the saved lse (a query with lse = 
 ``dV_j = P_jᵀ dO``; ``dP_j = dO V_jᵀ``; ``dS_j = P_j ∘ (dP_j - D)`` with ``D = rowsum(dO ∘ O)``
 (one number per query, from O: no full row of P needed); ``dQ += dS_j K_j/√d``;
 ``dK_j = dS_jᵀ Q/√d``. No intermediate may be as large as the full Tq x Tk scores (checked as in
-``ch09.tiled_attention``). The classic bugs drop D, take D from the tile's own ``rowsum(dP_j)``,
+``ch09.tiled_attention``), nor may a tile's ``k_j``/``v_j`` still be referenced when the tile
+after next arrives (gathering the tiles into K and V, then one query row at a time, is refused as
+``KeptTiles``; private copies of the tiles are not seen here). The classic bugs drop D, take D from the tile's own ``rowsum(dP_j)``,
 forget 1/√d, normalise P by the tile's own max instead of lse, keep only the last tile's dQ,
 or get NaN for a query with no key (``exp(-inf - (-inf))``).
 """
@@ -21,7 +23,7 @@ import torch
 from .. import flash
 from ._core import Case, Exercise, register
 from ._report import close
-from .tiled import FullScores, KVTiles, _OneShot, _sizes, _tiles, _Watch
+from .tiled import FullScores, KeptTiles, KVTiles, _kept, _OneShot, _sizes, _tiles, _Watch
 
 NEG_INF = float("-inf")
 
@@ -30,11 +32,13 @@ def _run(fn, args, kwargs):
     q, out, lse, dout, tiles = args
     watch = _Watch(math.prod(q.shape[:-2]), q.shape[-2], tiles.tk())
     with watch:
-        ret = fn(q, out, lse, dout, _OneShot(tiles, q.dtype), **kwargs)
+        stream = _OneShot(tiles, q.dtype)
+        ret = fn(q, out, lse, dout, stream, **kwargs)
     if watch.seen is not None:
         name, shape = watch.seen
         raise FullScores(f"{name} 得到了形状 {shape} 的张量：它和完整的 T_q × T_k = "
                          f"{q.shape[-2]} × {tiles.tk()} 分数矩阵一样大")
+    _kept(stream)
     if isinstance(ret, (tuple, list)) and len(ret) == 3:
         return ret, {"dq": ret[0], "dk": ret[1], "dv": ret[2]}
     return ret, {"dq": ret}
@@ -141,6 +145,9 @@ def _hint(f):
         return ("这一题要一块一块地算：任何时候都不要造出和完整的 T_q × T_k 分数矩阵一样大的张量"
                 "（例如把所有的 k_j 拼起来）。每来一块，只算这一块的 S_j、P_j，得到 dK_j、dV_j，"
                 "把 dS_j K_j 累加进 dQ。")
+    if f.kind == "exception" and isinstance(f.exc, KeptTiles):
+        return ("每块只看一遍、用完就不再需要它：不要把 k_j、v_j 存进列表或拼成整个 K、V，"
+                "再按查询逐行去算。每来一块，就地算出这一块的 dK_j、dV_j，把 dS_j K_j 累加进 dQ。")
     if f.kind == "exception" and "只能遍历一次" in str(f.exc):
         return "键/值块只流过一遍：D 从 O 和 dO 算，不需要先扫一遍键。"
     if f.kind == "exception" and isinstance(f.exc, RuntimeError) and "must match" in str(f.exc):
