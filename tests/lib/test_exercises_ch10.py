@@ -218,3 +218,37 @@ def test_decoder_mask_reports_the_dtype_it_got():
 
     ok, text = run("ch10.decoder_mask", float_mask)
     assert not ok and "float32" in text and "int64" not in text and "bool" in hint(text), text
+
+
+def _by_hand(x, memory, weights, n_heads, src_pad=None, *, diagonal=0, invert_pad=False):
+    """masked_fill(-inf) + softmax by hand: a row with every key masked gives NaN."""
+    def heads(t):
+        return t.unflatten(-1, (n_heads, -1)).transpose(1, 2)
+
+    def mha(prefix, q_in, kv_in, mask):
+        q, k, v = (heads(_lin(weights, f"{prefix}.{p}", t)) for p, t in
+                   (("q_proj", q_in), ("k_proj", kv_in), ("v_proj", kv_in)))
+        s = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        o = torch.softmax(s, -1) @ v
+        return _lin(weights, f"{prefix}.out_proj", o.transpose(1, 2).flatten(-2))
+    t = x.shape[1]
+    mem = None if src_pad is None else (~src_pad if invert_pad else src_pad)[:, None, None, :]
+    causal = torch.ones(t, t, dtype=torch.bool).tril(diagonal)
+    a = _ln(weights, "norm1", x + mha("self_attn", x, x, causal))
+    c = _ln(weights, "norm2", a + mha("multihead_attn", a, memory, mem))
+    return _ln(weights, "norm3", c + _lin(weights, "ffn.linear2",
+                                          F.relu(_lin(weights, "ffn.linear1", c))))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_decoder_layer_nan_hint_names_the_mask_that_empties_a_row(seed):
+    ok, text = run(NAME, _by_hand, seed)                       # control: the hand version is right
+    assert ok, text
+    # src_pad read as True = PAD: the full-length source row has no key left -> NaN (case 2)
+    ok, text = run(NAME, lambda *a, **k: _by_hand(*a, **k, invert_pad=True), seed)
+    assert not ok and "极性不要弄反" in hint(text), text
+    # the self-attention mask tril(-1): position 0 has no key left -> NaN (case 1, no src_pad)
+    ok, text = run(NAME, lambda *a, **k: _by_hand(*a, **k, diagonal=-1), seed)
+    assert not ok and "包括对角线" in hint(text) and "极性" not in hint(text), text

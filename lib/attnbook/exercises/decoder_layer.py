@@ -213,6 +213,13 @@ def _hint(f):
     if f.kind == "exception" and _same_error(f):
         return ("形状对不上：交叉注意力的查询来自解码器（长 T），键和值来自记忆 memory（长 S），"
                 "输出的长度跟着查询走，是 T；T 和 S 一般不相等。")
+    if f.kind == "nan":
+        causal = ("自注意力的因果掩码要包括对角线：位置 i 能看它自己（tril()，不是 tril(-1)），"
+                  "第 0 个位置只剩它自己这一个键。")
+        if f.inputs.get("src_pad") is None:
+            return "出现了 NaN：某一行的键全被挡住了，softmax 的分母是 0。" + causal
+        return ("出现了 NaN：某一行的键全被挡住了，softmax 的分母是 0。" + causal
+                + "src_pad 的 True 是真实词元（可以看），False 才是要挡住的 PAD：极性不要弄反。")
     if f.kind != "value":
         return None
     args = [f.inputs[k] for k in ("x", "memory", "weights", "n_heads", "src_pad")
