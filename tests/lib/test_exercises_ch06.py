@@ -188,3 +188,13 @@ def test_rope_attention_shortcuts_are_rejected_by_name():
     ok, text = run("ch06.rope_attention", lambda q, k, v, qp, kp: torch.softmax(
         apply_rope(q, qp) @ apply_rope(k, kp).transpose(-2, -1) / math.sqrt(q.shape[-1]), -1) @ v)
     assert ok, text
+
+
+@pytest.mark.parametrize("name", ["ch06.sinusoidal", "ch06.rope", "ch06.rope_attention"])
+def test_the_seed_varies_the_shapes(name):
+    ex = exercises.get(name)
+
+    def shapes(seed):
+        return [tuple(tuple(a.shape) if hasattr(a, "shape") else a for a in c.args)
+                for c in ex.cases(seed)]
+    assert len({tuple(shapes(s)) for s in range(4)}) > 1

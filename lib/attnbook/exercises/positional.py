@@ -93,11 +93,15 @@ _HINTS = (
 
 
 def _cases(g):
+    """n_positions and d_model vary with the seed (d_model even)."""
     extra = int(torch.randint(0, 8, (1,), generator=g))
+    d2 = 2 * int(torch.randint(4, 10, (1,), generator=g))
+    n3 = int(torch.randint(40, 61, (1,), generator=g))
+    d3 = 8 * int(torch.randint(3, 6, (1,), generator=g))
     return [
         Case("很小的例子", (4, 6), note="4 个位置，d_model = 6（三对 sin/cos）。"),
-        Case("中等大小", (10 + extra, 16)),
-        Case("位置多、维度大", (50, 32), note="角度 p·ω 最大到 49。"),
+        Case("中等大小", (10 + extra, d2)),
+        Case("位置多、维度大", (n3, d3), note=f"角度 p·ω 最大到 {n3 - 1}。"),
     ]
 
 

@@ -85,17 +85,26 @@ _HINTS = (
 
 
 def _cases(g):
-    def x(*shape):
-        return torch.randn(shape, generator=g, dtype=torch.float64)
-    start = int(torch.randint(3, 40, (1,), generator=g))
+    """Shapes, scales and positions vary with the seed."""
+    def ri(lo, hi):
+        return int(torch.randint(lo, hi, (1,), generator=g))
+
+    def x(*shape, scale=1.0):
+        return scale * torch.randn(shape, generator=g, dtype=torch.float64)
+    start = ri(3, 40)
+    t2, d2 = ri(4, 8), 2 * ri(3, 6)
+    b3, h3, t3, d3 = ri(1, 4), ri(2, 4), ri(4, 8), 2 * ri(6, 10)
+    scale3 = float(2.0 ** ri(-2, 4))
+    far = torch.cat([torch.tensor([0]), torch.randint(1, 5000, (3,), generator=g).sort().values])
     return [
         Case("一对分量、两个位置", (x(2, 2), torch.tensor([0, 1])),
              note="D = 2：只有一对，θ_0 = 1；位置 0 不转，位置 1 转 1 弧度。"),
-        Case("从 0 开始的位置", (x(5, 8), torch.arange(5)), note="T = 5，D = 8（四对）。"),
-        Case("不从 0 开始的位置", (x(2, 3, 6, 16), torch.arange(start, start + 6)),
-             note=f"(B, H, T, D) = (2, 3, 6, 16)，位置 {start}…{start + 5}。"),
-        Case("很大的位置", (x(4, 32), torch.tensor([0, 7, 500, 3000])),
-             note="位置可以不连续，也可以很大。"),
+        Case("从 0 开始的位置", (x(t2, d2), torch.arange(t2)),
+             note=f"T = {t2}，D = {d2}（{d2 // 2} 对）。"),
+        Case("不从 0 开始的位置", (x(b3, h3, t3, d3, scale=scale3), torch.arange(start, start + t3)),
+             note=f"(B, H, T, D) = ({b3}, {h3}, {t3}, {d3})，位置 {start}…{start + t3 - 1}，"
+                  f"x 的尺度是 {scale3:g}。"),
+        Case("很大的位置", (x(4, 32), far), note="位置可以不连续，也可以很大。"),
     ]
 
 
