@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import dispatch, flash, reference
-from ._core import Case, Exercise, register
+from ..tolerance import max_abs_error, rounding_step
+from ._core import OUT, Case, Exercise, _run, register
 from ._report import nearest
 from .attention import attention as _attention_solution
 from .attention import masked_softmax as _masked_softmax_solution
@@ -59,6 +60,24 @@ def _steps(x, w_q, w_k, w_v, lengths, *, scale="d_k", keys=None, mask="both", fi
     return w @ v
 
 
+def _global_max(x, w_q, w_k, w_v, lengths):
+    """One max for the whole batch (after masking) instead of each row's own."""
+    q, k, v = x @ w_q, x @ w_k, x @ w_v
+    m = _mask(x.shape[-2], lengths)
+    s = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~m, -math.inf)
+    e = torch.exp(s - s.max())
+    return (e / e.sum(-1, keepdim=True)).nan_to_num(0.0) @ v
+
+
+def _max_before_masking(x, w_q, w_k, w_v, lengths):
+    """Each row's max taken over every key, the hidden ones included, then the mask applied."""
+    q, k, v = x @ w_q, x @ w_k, x @ w_v
+    m = _mask(x.shape[-2], lengths)
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    e = torch.exp(s - s.amax(-1, keepdim=True)) * m
+    return (e / e.sum(-1, keepdim=True)).nan_to_num(0.0) @ v
+
+
 def _bug(**how):
     def bug(x, w_q, w_k, w_v, lengths):
         return _steps(x, w_q, w_k, w_v, lengths, **how)
@@ -74,6 +93,8 @@ BUGS = {
     "padding_mask_on_the_queries": _bug(mask="queries"),
     "fill_minus_1e9": _bug(fill=-1e9),
     "softmax_over_the_queries": _bug(dim=-2),
+    "global_max": _global_max,
+    "max_before_masking": _max_before_masking,
 }
 
 _TEXTS = {
@@ -93,6 +114,10 @@ _TEXTS = {
     "softmax_over_the_queries": ("softmax 沿错了维度：应对每一行（dim=-1：同一个查询对所有键）"
                                  "归一化。"),
 }
+_MAX = ("每一行要减去它自己的最大值，而且是屏蔽之后的最大值（amax(-1, keepdim=True) 作用在已填"
+        " −inf 的分数上）：两条序列的分数尺度相差上千时，减去整批的最大值会让小的那条 exp 全部"
+        "下溢成 0；被屏蔽的键分数最大时，屏蔽之前取的最大值会让整行下溢成 0。")
+_TEXTS["global_max"] = _TEXTS["max_before_masking"] = _MAX
 
 
 def _randn(g, *shape, scale=1.0, dtype=torch.float64):
@@ -125,7 +150,29 @@ def _cases(g):
                                               dtype=torch.float32),
              note=f"x 的尺度是 {scale:g}（分数可达几十到几百）；B = 2，T = 7；返回 float32。",
              tags=frozenset({"large"})),
+        _scales_case(g),
     ]
+
+
+def _scales_case(g):
+    """Sequence 0 with scores near 0, sequence 1 with scores in the thousands; sequence 1's two
+    padded positions are x and -x with |x| ~ 400: as keys they give every query scores of
+    opposite sign and about 10^4 (each row's largest score is on a hidden key), as queries one
+    of them scores some real key at thousands (the batch's largest visible score)."""
+    t = 5 + int(torch.randint(0, 3, (1,), generator=g))
+    d_model, d_k, d_v = (int(i) + 3 for i in torch.randperm(5, generator=g)[:3])
+    x, w_q, w_k, w_v, _ = _args(g, 2, t, d_model, d_k, d_v, [t, t - 2])
+    x[0] *= 0.5
+    x[1] *= 40.0
+    x[1, t - 1] = _randn(g, d_model, scale=400.0)
+    x[1, t - 2] = -x[1, t - 1]
+    return Case("两条序列的分数尺度相差上千，被屏蔽的键分数最大",
+                (x, w_q, w_k, w_v, torch.tensor([t, t - 2])),
+                note=f"B = 2，T = {t}，d_model = {d_model}，d_k = {d_k}，d_v = {d_v}；lengths = "
+                     f"[{t}, {t - 2}]。第 0 条序列的分数在 0 附近，第 1 条的上千；第 1 条最后"
+                     "两个位置是填充（x 与 −x，分量上百），这两个键给每个查询的分数一正一负、"
+                     "大小上万：每一行最大的分数都在一个被屏蔽的键上。",
+                tags=frozenset({"padding", "scales"}))
 
 
 def _hint(f):
@@ -137,13 +184,30 @@ def _hint(f):
                 "q @ k.transpose(-2, -1)，形状 (B, T, T)。")
     if f.kind not in ("value", "nan"):
         return None
+    if f.kind == "nan" and f.case.tags & {"scales", "large"}:  # exp underflowed or overflowed
+        return _MAX
     x = f.inputs
-    args = (x["x"], x["w_q"], x["w_k"], x["w_v"], x["lengths"])
+    dt = f.got.dtype  # recomputed in the answer's dtype: float32 underflows where float64 does not
+    args = (x["x"].to(dt), x["w_q"].to(dt), x["w_k"].to(dt), x["w_v"].to(dt), x["lengths"])
     alts = [(_TEXTS[name], bug(*args)) for name, bug in BUGS.items()]
     return nearest(f.got, f.expected, alts)
 
 
-register(Exercise(
+def _low_atol(case, dtype):
+    """FlashAttention's rule (twice the solution's own error in ``dtype`` plus one rounding step)
+    widened by the conditioning: a score s rounded in ``dtype`` is off by about eps |s|, which
+    moves an output by about eps |s| max|v|. Another right order of the same operations (a loop
+    over the sequences, q scaled before the product) may land anywhere within that."""
+    expected = _run(SELF, self_attention, case, torch.float64)[1][OUT]
+    naive = _run(SELF, self_attention, case, dtype)[1][OUT]
+    x, w_q, w_k, w_v, _ = (a.double() if a.is_floating_point() else a for a in case.args)
+    q, k, v = x @ w_q, x @ w_k, x @ w_v
+    s = (q @ k.transpose(-2, -1)).abs().max() / math.sqrt(q.shape[-1])
+    cond = 0.5 * torch.finfo(dtype).eps * (float(s) + 1.0) * float(v.abs().max())
+    return 2 * max_abs_error(naive, expected) + rounding_step(expected, dtype) + cond
+
+
+SELF = register(Exercise(
     "ch04.self_attention", "有填充的因果自注意力", self_attention, BUGS, _cases, (_hint,),
     forbidden=((reference.attention_ref, "attnbook.attention_ref"),
                (dispatch.attention, "attnbook.attention"),
@@ -156,4 +220,4 @@ register(Exercise(
                (_masked_softmax_solution, "exercises.get('ch04.masked_softmax').solution"),
                (_attention_solution, "exercises.get('ch04.attention').solution"),
                (_causal_solution, "exercises.get('ch04.causal_attention').solution")),
-    build=True))
+    low_atol=_low_atol, build=True))

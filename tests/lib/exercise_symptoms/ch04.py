@@ -47,4 +47,6 @@ SYMPTOMS = {
     ("ch04.self_attention", "padding_mask_on_the_queries"): ["屏蔽的是键", "不是查询"],
     ("ch04.self_attention", "fill_minus_1e9"): ["应输出 0", "−1e9"],
     ("ch04.self_attention", "softmax_over_the_queries"): ["softmax 沿错了维度"],
+    ("ch04.self_attention", "global_max"): ["它自己的最大值", "整批的最大值"],
+    ("ch04.self_attention", "max_before_masking"): ["屏蔽之后的最大值", "屏蔽之前取的最大值"],
 }
