@@ -287,3 +287,104 @@ def jac_swapped_tk(factors, t, k):  # t and k swapped in the range: always the i
 def test_red_team_wrong_answers_stay_rejected(name, fn, seed):
     ok, text = run(name, fn, seed)
     assert not ok, text
+
+
+# --------------------------------------------------------------------------- R4 review: BPTT shortcuts
+def _bptt_loss(x, h0, W_xh, W_hh, b, dh):
+    return (_forward(x, h0, W_xh, W_hh, b)[:, 1:] * dh).sum()
+
+
+def bptt_jacfwd(x, h0, W_xh, W_hh, b, dh):  # forward-mode autodiff of the whole loss
+    return torch.func.jacfwd(lambda a, c, d, e: _bptt_loss(x, e, a, c, d, dh),
+                             argnums=(0, 1, 2, 3))(W_xh, W_hh, b, h0)
+
+
+def _one_hot_loop(params, value):
+    out = []
+    for k, p in enumerate(params):
+        g = torch.zeros(p.numel(), dtype=p.dtype)
+        for j in range(p.numel()):
+            e = torch.zeros(p.numel(), dtype=p.dtype)
+            e[j] = 1
+            g[j] = value(k, p, e.reshape(p.shape))
+        out.append(g.reshape(p.shape))
+    return tuple(out)
+
+
+def bptt_jvp(x, h0, W_xh, W_hh, b, dh):  # torch.func.jvp, one direction per parameter entry
+    ps = [W_xh, W_hh, b, h0]
+
+    def value(k, p, e):
+        def f(q):
+            a = list(ps)
+            a[k] = q
+            return _bptt_loss(x, a[3], a[0], a[1], a[2], dh)
+        return torch.func.jvp(f, (p,), (e,))[1]
+    return _one_hot_loop(ps, value)
+
+
+def bptt_dual_numbers(x, h0, W_xh, W_hh, b, dh):  # forward_ad, autograd switched back on
+    import torch.autograd.forward_ad as fwAD
+    with torch.inference_mode(False):
+        x, h0, W_xh, W_hh, b, dh = [t.clone() for t in (x, h0, W_xh, W_hh, b, dh)]
+        ps = [W_xh, W_hh, b, h0]
+
+        def value(k, p, e):
+            with fwAD.dual_level():
+                a = list(ps)
+                a[k] = fwAD.make_dual(p, e)
+                return fwAD.unpack_dual(_bptt_loss(x, a[3], a[0], a[1], a[2], dh)).tangent
+        return tuple(g.clone() for g in _one_hot_loop(ps, value))
+
+
+def bptt_complex_step(x, h0, W_xh, W_hh, b, dh):  # Im L(p + i h e) / h: exact, no backprop
+    ct = torch.complex128 if x.dtype == torch.float64 else torch.complex64
+    ps = [t.to(ct) for t in (W_xh, W_hh, b, h0)]
+    xc, dc, step = x.to(ct), dh.to(ct), 1e-30
+
+    def value(k, p, e):
+        a = list(ps)
+        a[k] = p + 1j * step * e
+        return _bptt_loss(xc, a[3], a[0], a[1], a[2], dc).imag / step
+    return tuple(g.real.to(x.dtype) for g in _one_hot_loop(ps, value))
+
+
+def bptt_private_helper(x, h0, W_xh, W_hh, b, dh):  # the function behind the .solution
+    from attnbook.exercises import bptt_build
+    return bptt_build._bptt(x, h0, W_xh, W_hh, b, dh)
+
+
+def bptt_chapter_helpers(x, h0, W_xh, W_hh, b, dh):  # correct: BPTT with attnbook.rnn's pieces
+    from attnbook import rnn as R
+    net = R.SimpleRNN(x.shape[2], h0.shape[1], dtype=x.dtype)
+    net.W_xh.data, net.W_hh.data, net.b.data = W_xh, W_hh, b
+    out = net(x, h0)
+    J, d = R.step_jacobians(net, out.z), R.activation_derivative(out.z)
+    g, grads = torch.zeros_like(h0), [torch.zeros_like(W_xh), torch.zeros_like(W_hh),
+                                      torch.zeros_like(b)]
+    for t in range(x.shape[1], 0, -1):
+        dz = (g + dh[:, t - 1]) * d[:, t - 1]
+        prev = h0 if t == 1 else out.h[:, t - 2]
+        grads = [grads[0] + x[:, t - 1].T @ dz, grads[1] + prev.T @ dz, grads[2] + dz.sum(0)]
+        g = torch.einsum("ba,bac->bc", g + dh[:, t - 1], J[:, t - 1])
+    return (*grads, g)
+
+
+@pytest.mark.parametrize("fn,word", [(bptt_jacfwd, "jacfwd"), (bptt_jvp, "torch.func.jvp"),
+                                     (bptt_dual_numbers, "make_dual"),
+                                     (bptt_private_helper, "_bptt")])
+def test_bptt_forward_mode_and_private_helper_are_ruled_out_by_name(fn, word):
+    ok, text = run("ch01.bptt", fn)
+    assert not ok and "不许" in text and word in text, text
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_bptt_complex_step_is_rejected_and_named(seed):
+    ok, text = run("ch01.bptt", bptt_complex_step, seed)
+    assert not ok and "复步长" in hint(text), text
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_bptt_with_the_chapters_helpers_passes(seed):
+    ok, text = run("ch01.bptt", bptt_chapter_helpers, seed)
+    assert ok, text

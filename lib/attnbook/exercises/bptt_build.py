@@ -74,8 +74,31 @@ BUGS = {
 }
 
 
+class ComplexStepError(TypeError):
+    """The answer computed with complex tensors (the complex-step derivative, a forward-mode
+    trick that differentiates the loss numerically instead of walking back through time)."""
+
+
+class _SeeComplex(torch.overrides.TorchFunctionMode):
+    """Notes whether any torch operation run by the answer returned a complex tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not self.seen:
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            self.seen = any(isinstance(o, torch.Tensor) and o.is_complex() for o in outs)
+        return out
+
+
 def _run(fn, args, kwargs):
-    ret = fn(*args, **kwargs)
+    with _SeeComplex() as seen:
+        ret = fn(*args, **kwargs)
+    if seen.seen:
+        raise ComplexStepError("ch01.bptt 的答案里出现了复数张量")
     if isinstance(ret, (tuple, list)) and len(ret) == 4:
         return ret, dict(zip(LABELS, ret))
     return ret, {LABELS[0]: ret}
@@ -142,6 +165,9 @@ _TEXTS = (
 
 
 def _hint(f):
+    if f.kind == "exception" and isinstance(f.exc, ComplexStepError):
+        return ("你用复数张量求了导数（复步长法，一种前向模式的数值求导）：它不沿时间往回走。"
+                "本题要的是反向传播：先做前向存下 h_t，再从 t = T 往回传 dL/dh_t。")
     if f.kind != "value":
         return None
     a = [f.inputs[n] for n in ("x", "h0", "W_xh", "W_hh", "b", "dh")]
@@ -161,4 +187,13 @@ register(Exercise("ch01.bptt", "手写沿时间反向传播", bptt, BUGS, _cases
                   autograd=False, build=True,
                   forbidden=((torch.func.vjp, "torch.func.vjp"),
                              (torch.func.grad, "torch.func.grad"),
-                             (torch.func.jacrev, "torch.func.jacrev"))))
+                             (torch.func.grad_and_value, "torch.func.grad_and_value"),
+                             (torch.func.jacrev, "torch.func.jacrev"),
+                             (torch.func.jvp, "torch.func.jvp"),
+                             (torch.func.jacfwd, "torch.func.jacfwd"),
+                             (torch.func.linearize, "torch.func.linearize"),
+                             (torch.func.hessian, "torch.func.hessian"),
+                             (torch.autograd.functional.jvp, "torch.autograd.functional.jvp"),
+                             (torch.autograd.forward_ad.make_dual,
+                              "torch.autograd.forward_ad.make_dual"),
+                             (_bptt, "exercises.bptt_build._bptt（参考答案背后的函数）"))))
