@@ -135,3 +135,40 @@ def test_feed_forward_relu6_is_rejected_on_every_seed():
         ok, text = run("ch07.feed_forward", lambda x, w1, b1, w2, b2: F.relu6(x @ w1 + b1) @ w2 + b2,
                        seed=seed)
         assert ok is False and "超过 6" in text, text
+
+
+@pytest.mark.parametrize("name", ["ch07.feed_forward", "ch07.swiglu"])
+def test_shapes_and_dtypes_vary_with_the_seed(name):
+    ex = exercises.get(name)
+    shapes = {tuple(tuple(a.shape) for a in case.args) for s in range(4) for case in ex.cases(s)}
+    assert len(shapes) > len(ex.cases(0)), shapes
+    assert any(case.args[0].dtype == torch.float32 for case in ex.cases(0))
+    if name == "ch07.swiglu":                       # the prompt: d_ff = 8d/3 in every case
+        for s in range(4):
+            for case in ex.cases(s):
+                d, d_ff = case.args[1].shape
+                assert 3 * d_ff == 8 * d
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ffn_and_swiglu_wrong_answers_outside_the_gallery(seed):
+    ff = {
+        "leaky_relu": lambda x, w1, b1, w2, b2: F.leaky_relu(x @ w1 + b1) @ w2 + b2,
+        "softplus": lambda x, w1, b1, w2, b2: F.softplus(x @ w1 + b1) @ w2 + b2,
+        "elu": lambda x, w1, b1, w2, b2: F.elu(x @ w1 + b1) @ w2 + b2,
+    }
+    sw = {
+        "gelu gate": lambda x, g, u, d: (F.gelu(x @ g) * (x @ u)) @ d,
+        "silu on both branches": lambda x, g, u, d: (F.silu(x @ g) * F.silu(x @ u)) @ d,
+        "swish beta 2": lambda x, g, u, d: ((x @ g) * torch.sigmoid(2 * (x @ g)) * (x @ u)) @ d,
+    }
+    for name, wrong in (("ch07.feed_forward", ff), ("ch07.swiglu", sw)):
+        for why, fn in wrong.items():
+            ok, text = run(name, fn, seed=seed)
+            assert ok is False and "✗" in text, (why, text)
+
+
+def test_swiglu_silu_on_both_branches_is_not_called_a_sigmoid_gate():
+    ok, text = run("ch07.swiglu", lambda x, g, u, d: (F.silu(x @ g) * F.silu(x @ u)) @ d)
+    flat = text.replace("\n", "").replace(" ", "")
+    assert ok is False and "两支都过SiLU" in flat and "GLU。" not in flat, text

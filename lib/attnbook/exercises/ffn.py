@@ -7,7 +7,8 @@ the output too, add ``b_1`` after the ReLU, use GELU, or forget ``b_2``.
 
 ``swiglu``: ``(SiLU(x W_g) * (x W_1)) W_2`` without biases (Shazeer 2020). The classic bugs put
 the SiLU on the other branch, use a sigmoid gate (GLU) or a ReLU gate (ReGLU), drop the gate,
-add the branches instead of multiplying them, or apply the SiLU after the product.
+add the branches instead of multiplying them, apply the SiLU after the product, or put a SiLU
+on both branches.
 Every case has ``d != d_ff``, so a transposed weight fails loudly on the shapes.
 """
 from __future__ import annotations
@@ -72,16 +73,28 @@ def _r(g, *shape, scale=1.0):
     return torch.randn(shape, generator=g, dtype=torch.float64) * scale
 
 
+def _ri(g, lo, hi):
+    return int(torch.randint(lo, hi, (1,), generator=g))
+
+
 def _ff_cases(g):
-    def args(lead, d, d_ff):
-        return (_r(g, *lead, d), _r(g, d, d_ff, scale=d ** -0.5), _r(g, d_ff, scale=0.5),
-                _r(g, d_ff, d, scale=d_ff ** -0.5), _r(g, d, scale=0.5))
+    """Shapes and scales vary with the seed; d != d_ff in every case."""
+    def args(lead, d, d_ff, x_scale=1.0, dtype=torch.float64):
+        return tuple(a.to(dtype) for a in (
+            _r(g, *lead, d, scale=x_scale), _r(g, d, d_ff, scale=d ** -0.5),
+            _r(g, d_ff, scale=0.5), _r(g, d_ff, d, scale=d_ff ** -0.5), _r(g, d, scale=0.5)))
+    n, d = _ri(g, 2, 5), _ri(g, 3, 7)
+    b, t, d2, k2 = _ri(g, 2, 4), _ri(g, 3, 6), _ri(g, 5, 9), _ri(g, 2, 5)
+    d3, x3 = _ri(g, 6, 11), float(2.0 ** _ri(g, -1, 3))
     return [
-        Case("3 个位置，d = 4，d_ff = 16", args((3,), 4, 16),
-             note="x 是 (3, 4)，w1 是 (d, d_ff) = (4, 16)，w2 是 (16, 4)：行向量写法 x @ w1。"),
-        Case("批 (2, 5, 6)，d_ff = 24", args((2, 5), 6, 24),
+        Case(f"{n} 个位置，d = {d}，d_ff = {4 * d}", args((n,), d, 4 * d),
+             note=f"x 是 ({n}, {d})，w1 是 (d, d_ff) = ({d}, {4 * d})，w2 是 ({4 * d}, {d})："
+                  "行向量写法 x @ w1。"),
+        Case(f"批 ({b}, {t}, {d2})，d_ff = {k2 * d2}", args((b, t), d2, k2 * d2),
              note="同一个映射作用在每个批、每个位置的每一行上。"),
-        Case("一个位置，d = 8，d_ff = 32", args((1,), 8, 32)),
+        Case(f"单精度（float32），一个位置，d = {d3}，d_ff = {3 * d3}，输入的尺度是 {x3:g}",
+             args((1,), d3, 3 * d3, x_scale=x3, dtype=torch.float32),
+             note="输入是 float32，返回值也应是 float32。"),
         Case("隐藏层的值很大", _large(g),
              note="权重不缩小，b1 里有 8 以上的数：隐藏层（ReLU 之前）的值有的超过 6。",
              tags=frozenset({"large"})),
@@ -99,10 +112,14 @@ def _large(g):
 def _ff_hint(f):
     if f.kind != "value":
         return None
-    if "large" in f.case.tags:
-        return ("隐藏层的值超过 6 时你的结果就不对了：ReLU 是 max(0, h)，没有上限"
-                "（不是 relu6、hardtanh 或 clamp(0, 6)）。")
     x, w1, b1, w2, b2 = (f.inputs[k] for k in ("x", "w1", "b1", "w2", "b2"))
+    capped = ("隐藏层的值超过 6 时你的结果就不对了：ReLU 是 max(0, h)，没有上限"
+              "（不是 relu6、hardtanh 或 clamp(0, 6)）。")
+    h = x @ w1 + b1
+    if bool((h > 6).any()):
+        hit = nearest(f.got, f.expected, [(capped, F.relu6(h) @ w2 + b2)])
+        if hit:
+            return hit
     alts = [("少了 ReLU：没有它，整个 FFN 只是一个仿射映射 x ↦ x W1 W2 + (b1 W2 + b2)。",
              _no_relu(x, w1, b1, w2, b2)),
             ("输出不过 ReLU：ReLU 只作用在隐藏层 x @ w1 + b1 上，压缩回 d 维之后直接加 b2。",
@@ -112,7 +129,8 @@ def _ff_hint(f):
             ("这里的激活是 ReLU，即 max(0, ·)（torch.relu 或 clamp(min=0)），不是 GELU。",
              _gelu(x, w1, b1, w2, b2)),
             ("最后还要加上输出偏置 b2。", _no_b2(x, w1, b1, w2, b2))]
-    return nearest(f.got, f.expected, alts)
+    hit = nearest(f.got, f.expected, alts)
+    return hit or (capped if "large" in f.case.tags else None)
 
 
 # ----------------------------------------------------------------------------- swiglu bugs
@@ -150,6 +168,10 @@ def _after(x, w_gate, w_up, w_down):
     return _sw(x, w_gate, w_up, w_down, after=True)
 
 
+def _both(x, w_gate, w_up, w_down):
+    return (F.silu(x @ w_gate) * F.silu(x @ w_up)) @ w_down
+
+
 SW_BUGS = {
     "silu_on_the_up_branch": _swapped,
     "sigmoid_gate": _sigmoid,
@@ -157,18 +179,28 @@ SW_BUGS = {
     "gate_ignored": _no_gate,
     "branches_added": _added,
     "silu_after_product": _after,
+    "silu_on_both_branches": _both,
 }
 
 
 def _sw_cases(g):
-    def args(lead, d, d_ff):
-        return (_r(g, *lead, d, scale=1.5), _r(g, d, d_ff, scale=d ** -0.5),
-                _r(g, d, d_ff, scale=d ** -0.5), _r(g, d_ff, d, scale=d_ff ** -0.5))
+    """d_ff = 8d/3 in every case (the prompt says so); shapes and scales vary with the seed."""
+    def args(lead, d, d_ff, x_scale=1.5, dtype=torch.float64):
+        return tuple(a.to(dtype) for a in (
+            _r(g, *lead, d, scale=x_scale), _r(g, d, d_ff, scale=d ** -0.5),
+            _r(g, d, d_ff, scale=d ** -0.5), _r(g, d_ff, d, scale=d_ff ** -0.5)))
+    n, d = _ri(g, 2, 5), 3 * _ri(g, 1, 3)
+    b, t, d2 = _ri(g, 2, 4), _ri(g, 3, 6), 3 * _ri(g, 3, 5)
+    d3, x3 = 3 * _ri(g, 2, 4), float(2.0 ** _ri(g, 0, 3))
     return [
-        Case("3 个位置，d = 6，d_ff = 16", args((3,), 6, 16),
-             note="d_ff = 16 = 8d/3：w_gate、w_up 是 (6, 16)，w_down 是 (16, 6)。"),
-        Case("批 (2, 4, 9)，d_ff = 24", args((2, 4), 9, 24),
+        Case(f"{n} 个位置，d = {d}，d_ff = {8 * d // 3}", args((n,), d, 8 * d // 3),
+             note=f"d_ff = {8 * d // 3} = 8d/3：w_gate、w_up 是 ({d}, {8 * d // 3})，"
+                  f"w_down 是 ({8 * d // 3}, {d})。"),
+        Case(f"批 ({b}, {t}, {d2})，d_ff = {8 * d2 // 3}", args((b, t), d2, 8 * d2 // 3),
              note="同一个映射作用在每个批、每个位置的每一行上。"),
+        Case(f"单精度（float32），d = {d3}，d_ff = {8 * d3 // 3}，输入的尺度是 {x3:g}",
+             args((2, 3), d3, 8 * d3 // 3, x_scale=x3, dtype=torch.float32),
+             note="输入是 float32，返回值也应是 float32；门的输入有很负的值（SiLU 在那里接近 0）。"),
     ]
 
 
@@ -184,7 +216,9 @@ def _sw_hint(f):
             ("少了门：要把 SiLU(x @ w_gate) 与 x @ w_up 逐元素相乘。", _no_gate(x, wg, wu, wd)),
             ("两支要逐元素相乘（*），不是相加。", _added(x, wg, wu, wd)),
             ("SiLU 只作用在门 x @ w_gate 上，在相乘之前，不是作用在乘积上。",
-             _after(x, wg, wu, wd))]
+             _after(x, wg, wu, wd)),
+            ("另一支 x @ w_up 不过激活：只有门那一支过 SiLU，两支都过 SiLU 就不是 SwiGLU 了。",
+             _both(x, wg, wu, wd))]
     return nearest(f.got, f.expected, alts)
 
 

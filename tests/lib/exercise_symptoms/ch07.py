@@ -12,6 +12,7 @@ SYMPTOMS = {
     ("ch07.swiglu", "gate_ignored"): ["少了门"],
     ("ch07.swiglu", "branches_added"): ["逐元素相乘", "不是相加"],
     ("ch07.swiglu", "silu_after_product"): ["在相乘之前"],
+    ("ch07.swiglu", "silu_on_both_branches"): ["x @ w_up 不过激活", "两支都过 SiLU"],
     ("ch07.matched_swiglu", "hidden_is_d_ff"): ["隐藏宽度不是 d_ff", "2·d_ff/3"],
     ("ch07.matched_swiglu", "hidden_from_d_model"): ["8d/3", "d_ff = 4d", "2·d_ff/3"],
     ("ch07.matched_swiglu", "gate_and_up_slices_swapped"): ["前两段用反了"],
