@@ -245,6 +245,59 @@ def test_copies_of_the_tiles_kept_for_later_are_refused_by_memory(fn, seed):
     assert ok is False and "很长的键流" in text and "KeptTiles" in text, text
 
 
+# The two-pass softmax (the whole row's max, then the sum) and its disguises (review R3): refused.
+def _guard(m):
+    return m.masked_fill(torch.isneginf(m), 0.0)
+
+
+def softmax_two_pass(x, block):
+    e = torch.exp(x - _guard(x.amax(-1, keepdim=True)))
+    s = e.sum(-1, keepdim=True)
+    return e / s.masked_fill(s == 0, 1.0)
+
+
+def softmax_max_then_blocks(x, block):  # torch.max over the row, then the sum block by block
+    m = _guard(torch.max(x, -1, keepdim=True).values)
+    l_i = 0
+    for j in range(0, x.shape[-1], block):
+        l_i = l_i + torch.exp(x[..., j:j + block] - m).sum(-1, keepdim=True)
+    return torch.exp(x - m) / l_i.masked_fill(l_i == 0, 1.0)
+
+
+def softmax_sum_by_matmul(x, block):  # the row's sum as a product with a ones vector
+    m = torch.full(x.shape[:-1] + (1,), NEG_INF, dtype=x.dtype)
+    for j in range(0, x.shape[-1], block):
+        m = torch.maximum(m, x[..., j:j + block].amax(-1, keepdim=True))
+    e = torch.exp(x - _guard(m))
+    s = e @ torch.ones(x.shape[-1], 1, dtype=x.dtype)
+    return e / s.masked_fill(s == 0, 1.0)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("fn", [softmax_two_pass, softmax_max_then_blocks, softmax_sum_by_matmul],
+                         ids=lambda f: f.__name__)
+def test_a_whole_row_reduction_is_refused_in_the_online_softmax(fn, seed):
+    ok, text = run("ch09.online_softmax", fn, seed=seed)
+    assert ok is False and "WholeRow" in text and "两遍扫描" in hint(text), text
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_an_online_softmax_that_writes_its_output_in_blocks_passes(seed):
+    def blocks_twice(x, block):  # the statistics in one pass, the output block by block
+        m = torch.full(x.shape[:-1] + (1,), NEG_INF, dtype=x.dtype)
+        l_i = torch.zeros_like(m)
+        for j in range(0, x.shape[-1], block):
+            xb = x[..., j:j + block]
+            m_new = torch.maximum(m, xb.amax(-1, keepdim=True))
+            l_i = torch.exp(m - _guard(m_new)) * l_i + torch.exp(xb - _guard(m_new)).sum(-1, True)
+            m = m_new
+        out = torch.cat([torch.exp(x[..., j:j + block] - _guard(m))
+                         for j in range(0, x.shape[-1], block)], -1)
+        return out / l_i.masked_fill(l_i == 0, 1.0)
+    ok, text = run("ch09.online_softmax", blocks_twice, seed=seed)
+    assert ok, text
+
+
 def test_the_tiled_forward_is_the_chapters_build_exercise():
     assert exercises.get("ch09.tiled_attention").build
 

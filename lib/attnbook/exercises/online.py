@@ -8,16 +8,84 @@ write each block's ``exp(x_b - m)`` as they go and rescale the sum but not those
 hints name each; the dropped-last-block hint only where N is not a multiple of ``block``, a
 rounding-sized error is left to the precision hint (a float32 running state), and an all
 -inf row answered with 1/N is told that -inf was replaced by a large negative number.
+
+A reduction over a whole row wider than ``block`` while the answer runs (``x.amax(-1)``,
+``x.max()``, a sum, a sort, a matrix product with a ones vector) is refused as ``WholeRow``: the
+two-pass softmax (the row's max first, then the sum) is not the lesson. A two-pass answer that
+reduces only column slices no wider than ``block`` is not seen.
 """
 from __future__ import annotations
 
 import torch
 
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from ..flash import online_softmax as _lib_online_softmax
-from ._core import Case, Exercise, register
+from ._core import OUT, Case, Exercise, register
 from ._report import close
 
 NEG_INF = float("-inf")
+_A = torch.ops.aten
+# reductions (and contractions) that read a whole row at once: over the last axis, wider than block
+_REDUCE = {_A.amax, _A.amin, _A.max, _A.min, _A.sum, _A.mean, _A.logsumexp, _A._softmax,
+           _A._log_softmax, _A.prod, _A.linalg_vector_norm, _A.norm, _A.var, _A.std, _A.cumsum,
+           _A.logcumsumexp, _A.sort, _A.topk, _A.argmax, _A.aminmax, _A.nansum,
+           _A.special_logsumexp}
+_CONTRACT = {_A.mm: 0, _A.bmm: 0, _A.mv: 0, _A.dot: 0, _A.addmm: 1, _A.baddbmm: 1, _A.addmv: 1,
+             _A.vdot: 0}
+
+
+class WholeRow(Exception):
+    """The answer reduced a whole row (wider than ``block``) at once."""
+
+
+class _RowWatch(TorchDispatchMode):
+    """Records the first reduction over the last axis of a tensor wider than ``block``."""
+
+    def __init__(self, block: int):
+        super().__init__()
+        self.block, self.seen = block, None
+
+    def _wide(self, func, args, kwargs) -> bool:
+        packet = getattr(func, "overloadpacket", None)
+        if packet in _CONTRACT:
+            t = args[_CONTRACT[packet]] if len(args) > _CONTRACT[packet] else None
+            return isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[-1] > self.block
+        if packet not in _REDUCE or not args or not isinstance(args[0], torch.Tensor):
+            return False
+        t = args[0]
+        if t.dim() == 0 or t.shape[-1] <= self.block:
+            return False
+        if packet is _A.topk:  # topk(x, k, dim=-1)
+            dims = kwargs.get("dim", args[2] if len(args) > 2 else -1)
+        else:
+            dims = kwargs.get("dim", args[1] if len(args) > 1 else None)
+            if packet is _A.sort and dims is None:
+                dims = -1
+        if dims is None or isinstance(dims, (list, tuple)) and len(dims) == 0:
+            return True  # a reduction over everything
+        if not isinstance(dims, (list, tuple)):
+            dims = [dims]
+        return any(isinstance(d, int) and d % t.dim() == t.dim() - 1 for d in dims)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.seen is None and self._wide(func, args, kwargs):
+            self.seen = (str(getattr(func, "overloadpacket", func)).replace("aten.", ""),
+                         tuple(args[0].shape) if isinstance(args[0], torch.Tensor) else ())
+        return func(*args, **kwargs)
+
+
+def _run(fn, args, kwargs):
+    x, block = args[0], args[1]
+    watch = _RowWatch(int(block))
+    with watch:
+        ret = fn(*args, **kwargs)
+    if watch.seen is not None:
+        name, shape = watch.seen
+        raise WholeRow(f"{name} 一次归约了形状 {shape} 的张量的整行（{shape[-1] if shape else '?'} "
+                       f"列，而 block = {block}）")
+    return ret, {OUT: ret}
 
 
 def online_softmax(x, block):
@@ -130,6 +198,10 @@ def _negative_rows(g):
 
 def _hint(f):
     x, block = f.inputs["x"], f.inputs["block"]
+    if f.kind == "exception" and isinstance(f.exc, WholeRow):
+        return (f"每次只看 block = {block} 列：行的最大值和指数和要一块一块地攒（运行中的 m 和 l），"
+                "不能先对整行求最大值（x.max(-1)、amax）再求和——那是两遍扫描。"
+                "只有最后输出 exp(x − m) / l 这一步可以整行逐元素地算。")
     if f.kind == "nan" and "masked" in f.case.tags:
         if bool(torch.isneginf(x[f.index[:-1]]).all()):
             return "整行都是 −inf 时应该输出 0，而不是 NaN：这时 l = 0，别让 0/0 出现（分母为 0 时换成 1）。"
@@ -165,4 +237,4 @@ def _hint(f):
 
 
 register(Exercise("ch09.online_softmax", "分块的在线 softmax", online_softmax, BUGS, _cases,
-                  (_hint,)))
+                  (_hint,), run=_run))
