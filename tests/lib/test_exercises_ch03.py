@@ -239,3 +239,22 @@ def test_bahdanau_through_the_score_module_is_caught_by_its_call():
 
     ok, text = run("ch03.bahdanau_step", module)
     assert ok is False and "additive_scores" in text
+
+
+def test_bahdanau_finite_fill_is_rejected_and_named():
+    """-1e4 (BERT's additive mask) or -1e3 as the padding fill: right while every real score is
+    above it, wrong on the sentence whose real scores are near -28000 (review R1: -1e4 was
+    accepted on every seed). -1e9 stays below every score and passes (bahdanau_loop)."""
+    def fill(value):
+        def fn(s, H, mask, W_q, W_k, v):
+            e = torch.tanh((s @ W_q)[:, None] + H @ W_k) @ v
+            return (torch.softmax(e.masked_fill(~mask, value), -1)[:, None] @ H)[:, 0]
+        return fn
+    for seed in SEEDS:
+        for value in (-1e4, -1e3):
+            ok, text = run("ch03.bahdanau_step", fill(value), seed)
+            assert ok is False and "填充值不够小" in text.replace("\n", "").replace(" ", ""), (
+                value, seed, text)
+        s, H, mask, W_q, W_k, v = exercises.get("ch03.bahdanau_step").cases(seed)[5].args
+        e = torch.tanh((s @ W_q)[:, None] + H @ W_k) @ v
+        assert (e[1][mask[1]] < -1e4).all() and not mask[1].all()

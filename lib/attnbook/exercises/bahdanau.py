@@ -87,6 +87,11 @@ def _global_max(s, H, mask, W_q, W_k, v):
     return ((p / p.sum(-1, keepdim=True))[:, None] @ H)[:, 0]
 
 
+def _finite_fill(s, H, mask, W_q, W_k, v, fill=-1e4):
+    e = _scores(s, H, W_q, W_k, v).masked_fill(~mask, fill)           # not below every score
+    return (torch.softmax(e, -1)[:, None] @ H)[:, 0]
+
+
 def _mean_of_states(s, H, mask, W_q, W_k, v):
     return (H * mask[..., None]).sum(1) / mask.sum(-1, keepdim=True)   # uniform weights
 
@@ -101,6 +106,7 @@ BUGS = {
     "no_max_subtraction": _no_max,
     "global_max": _global_max,
     "scores_ignored": _mean_of_states,
+    "finite_fill_minus_1e4": _finite_fill,
 }
 
 
@@ -193,6 +199,20 @@ def _cases(g):
                       note="float32 输入，‖v‖₁ = 300：第 1 句的每个分数都在 −200 以下，"
                            f"exp 在 float32 里下溢成 0；真实长度 {lengths.tolist()}。",
                       tags=frozenset({"padded", "big", "f32"})))
+    # 6. a padded sentence whose real scores are all far below -10^4
+    b, n = 2, int(torch.randint(4, 7, (1,), generator=g))
+    d_a = int(torch.randint(2, 4, (1,), generator=g))
+    d_s, d_h = d_a + 2, d_a + 1
+    W_q, W_k = r(d_s, d_a), r(d_h, d_a)
+    v = torch.sign(r(d_a)) * (30000.0 / d_a)                            # ||v||_1 = 30000
+    sign = torch.tensor([1.0, -1.0], dtype=torch.float64)[:, None]
+    s = _solve(W_q, sign * 2.0 * torch.sign(v)) + r(b, d_s, scale=0.01)
+    lengths = torch.tensor([n, int(torch.randint(1, n, (1,), generator=g))])
+    cases.append(Case("一句的真实分数都低于 −10000", (s, r(b, n, d_h, scale=0.5), _mask(lengths, n),
+                                                   W_q, W_k, v),
+                      note="‖v‖₁ = 30000：第 0 句的分数在 +28000 上下，第 1 句在 −28000 上下；"
+                           f"真实长度 {lengths.tolist()}。",
+                      tags=frozenset({"padded", "deep"})))
     return cases
 
 
@@ -214,6 +234,11 @@ def _hint_shape(f):
         return ("广播失败：s @ W_q 是 (B, d_a)，要写成 (s @ W_q)[:, None] 才能加到"
                 " (B, n, d_a) 的每个位置上；掩码 (B, n) 与分数 (B, n) 同形。")
     return None
+
+
+FINITE = ("填充值不够小：有的句子真实位置的分数比 −1e4 这样有限的填充值还小（隐藏例子里有的"
+          "在 −2000、有的在 −28000 上下），softmax 之后填充位置反而拿走了权重。用 −inf"
+          "（float('-inf')）填充，填充位置的权重才恰为 0。")
 
 
 def _hint(f):
@@ -243,8 +268,12 @@ def _hint(f):
     if close(f.got, _softmax_over_batch(*a)):
         return ("softmax 沿错了维度：每个句子（每一行）在自己的 n 个源位置上归一化，dim=-1，"
                 "不是沿批这一维 dim=0。")
+    if any(close(f.got, _finite_fill(*a, fill=-10.0 ** p)) for p in range(2, 8)):
+        return FINITE
     if close(f.got, _mean_of_states(*a)):
         return "权重是均匀的：分数没有用上。第 1 步的分数经 softmax 变成权重，再给 H 加权。"
+    if "deep" in f.case.tags:  # the first five cases passed: most likely a finite fill
+        return FINITE
     if "square" in f.case.tags:
         s, H, mask, W_q, W_k, v = a
         if close(f.got, bahdanau_step(s, H, mask, W_k, W_q, v)):

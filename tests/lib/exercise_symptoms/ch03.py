@@ -22,4 +22,5 @@ SYMPTOMS = {
     ("ch03.bahdanau_step", "no_max_subtraction"): ["exp 上溢", "自己的最大值"],
     ("ch03.bahdanau_step", "global_max"): ["自己的最大值", "整批的最大值"],
     ("ch03.bahdanau_step", "scores_ignored"): ["权重是均匀的"],
+    ("ch03.bahdanau_step", "finite_fill_minus_1e4"): ["填充值不够小", "−inf"],
 }
