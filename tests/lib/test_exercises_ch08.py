@@ -156,3 +156,15 @@ def test_the_stream_grows_in_pre_ln_and_stays_at_one_in_post_ln():
     assert bool((pre[1:] > pre[:-1]).all()) and pre[-1] > 2 * pre[0]
     assert bool(((post - 1).abs() < 1e-3).all())
     assert exercises.get("ch08.residual_stack").build
+
+
+@pytest.mark.parametrize("seed", (0, 1, 2, 3))
+def test_batch_norm_over_the_transposed_rows_is_ruled_out(seed):  # review R3: it passed before
+    def via_batch_norm(x, weight, bias, eps=1e-5):
+        rows = x.reshape(-1, x.shape[-1]).T
+        y = torch.nn.functional.batch_norm(rows, None, None, training=True, eps=eps)
+        return y.T.reshape(x.shape) * weight + bias
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        ok = check("ch08.layer_norm", via_batch_norm, seed=seed)
+    assert not ok and "batch_norm" in buf.getvalue(), buf.getvalue()
