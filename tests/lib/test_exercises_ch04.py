@@ -214,3 +214,14 @@ def test_attention_if_mask_and_scale_after_softmax_are_named():
         return torch.softmax(s, -1).nan_to_num(0.0) @ v / math.sqrt(q.shape[-1])
     ok, text = run("ch04.attention", scale_after)
     assert ok is False and "softmax之前" in hint(text), text
+
+
+def test_masked_softmax_through_sdpa_is_rejected_by_name():
+    """SDPA with k = v = I and scale=1 returns the masked softmax of its q (review R1: it was
+    accepted on every seed)."""
+    def sdpa(scores, mask):
+        eye = torch.eye(scores.shape[-1], dtype=scores.dtype).expand(*scores.shape[:-2], -1, -1)
+        return F.scaled_dot_product_attention(scores, eye, eye, attn_mask=mask,
+                                              scale=1.0).nan_to_num(0.0)
+    ok, text = run("ch04.masked_softmax", sdpa)
+    assert ok is False and "scaled_dot_product_attention" in text, text

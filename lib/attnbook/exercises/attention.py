@@ -11,6 +11,7 @@ import math
 import re
 
 import torch
+import torch.nn.functional as F
 
 from .. import attention_ref
 from .. import masked_softmax as _lib_masked_softmax
@@ -486,7 +487,10 @@ def _hint_rows(f):
 HINTS = (_hint_half, _hint_broadcast, _hint_transpose, _hint_none, _hint_full_row,
          _hint_alternative, _hint_large, _hint_scales, _hint_epsilon, _hint_rows)
 
+# SDPA with k = v = I and scale 1 returns the masked softmax of q itself (review R1)
 register(Exercise("ch04.masked_softmax", "带掩码的 softmax", masked_softmax, SOFTMAX_BUGS,
-                  _softmax_cases, HINTS))
+                  _softmax_cases, HINTS,
+                  forbidden=((F.scaled_dot_product_attention,
+                              "F.scaled_dot_product_attention"),)))
 register(Exercise("ch04.attention", "带掩码的缩放点积注意力", attention, ATTENTION_BUGS,
                   _attention_cases, HINTS))
