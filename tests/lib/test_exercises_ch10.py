@@ -252,3 +252,15 @@ def test_decoder_layer_nan_hint_names_the_mask_that_empties_a_row(seed):
     # the self-attention mask tril(-1): position 0 has no key left -> NaN (case 1, no src_pad)
     ok, text = run(NAME, lambda *a, **k: _by_hand(*a, **k, diagonal=-1), seed)
     assert not ok and "包括对角线" in hint(text) and "极性" not in hint(text), text
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_decoder_layer_scale_by_sqrt_d_model_is_named(seed):
+    def wide_scale(x, memory, weights, n_heads, src_pad=None):   # 1/sqrt(d_model), by hand
+        w = {k: v for k, v in weights.items()}
+        for att in ("self_attn", "multihead_attn"):              # fold 1/sqrt(H) into W_q, b_q
+            w[f"{att}.q_proj.weight"] = weights[f"{att}.q_proj.weight"] / n_heads ** 0.5
+            w[f"{att}.q_proj.bias"] = weights[f"{att}.q_proj.bias"] / n_heads ** 0.5
+        return _by_hand(x, memory, w, n_heads, src_pad)
+    ok, text = run(NAME, wide_scale, seed)
+    assert not ok and "除以了√d_model" in hint(text), text

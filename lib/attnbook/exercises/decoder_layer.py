@@ -19,7 +19,8 @@ PyTorch's are off limits; ``attnbook.attention`` / SDPA with an explicit mask, `
 The classic bugs: the causal mask missing, the cross-attention's queries taken from the memory
 (and keys/values from the decoder), the cross-attention reading the decoder itself instead of
 the memory, Pre-LN instead of Post-LN, the memory's padding ignored, the FFN before the
-cross-attention, no 1/sqrt(d_k), heads split by a reshape without the transpose.
+cross-attention, no 1/sqrt(d_k) or 1/sqrt(d_model) for it, heads split by a reshape without the
+transpose.
 """
 from __future__ import annotations
 
@@ -64,7 +65,9 @@ def _mha(w, prefix, q_in, kv_in, n_heads, mask=None, *, scale=True, split="trans
 
     q, k, v = heads(lin(q_in, "q_proj")), heads(lin(kv_in, "k_proj")), heads(lin(kv_in, "v_proj"))
     s = q @ k.transpose(-2, -1)
-    if scale:
+    if scale == "d_model":                      # the bug: the model's width, not the head's
+        s = s / math.sqrt(q.shape[-1] * n_heads)
+    elif scale:
         s = s / math.sqrt(q.shape[-1])
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
@@ -116,6 +119,7 @@ BUGS = {
     "memory_padding_ignored": lambda *a, **k: _variant(*a, **k, pad=False),
     "ffn_before_cross_attention": lambda *a, **k: _variant(*a, **k, ffn_first=True),
     "no_scale": lambda *a, **k: _variant(*a, **k, scale=False),
+    "scale_sqrt_d_model": lambda *a, **k: _variant(*a, **k, scale="d_model"),
     "heads_reshaped_without_transpose": lambda *a, **k: _variant(*a, **k, split="reshape"),
 }
 
@@ -190,6 +194,8 @@ MESSAGES = {
     "ffn_before_cross_attention": ("子层的顺序错了：自注意力之后是交叉注意力，最后才是 FFN"
                                    "（norm2 属于交叉注意力，norm3 属于 FFN）。"),
     "no_scale": "注意力分数要除以 √d_k（d_k = d_model / n_heads，每个头的宽度，不是 d_model）。",
+    "scale_sqrt_d_model": ("分数除以了 √d_model：缩放用每个头的宽度 d_k = d_model / n_heads，"
+                           "除以 √d_k。"),
     "heads_reshaped_without_transpose": ("分头时只做了 reshape(B, H, T, d_k)：要先 reshape 成 "
                                          "(B, T, H, d_k) 再 transpose(1, 2)，否则每个“头”混进了"
                                          "不同位置的特征。"),

@@ -35,5 +35,6 @@ SYMPTOMS.update({
     ("ch10.decoder_layer", "memory_padding_ignored"): ["源句的 PAD", "src_pad"],
     ("ch10.decoder_layer", "ffn_before_cross_attention"): ["子层的顺序", "最后才是 FFN"],
     ("ch10.decoder_layer", "no_scale"): ["√d_k", "每个头的宽度"],
+    ("ch10.decoder_layer", "scale_sqrt_d_model"): ["除以了 √d_model", "d_k = d_model / n_heads"],
     ("ch10.decoder_layer", "heads_reshaped_without_transpose"): ["transpose(1, 2)", "reshape"],
 })
