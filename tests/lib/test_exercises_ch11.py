@@ -249,3 +249,10 @@ def _filter32(x, top_k, top_p):
         drop = (p.cumsum(-1) - p) >= top_p
         x = x.masked_fill(torch.zeros_like(drop).scatter(-1, idx, drop), float("-inf"))
     return x
+
+
+def test_kv_step_first_cases_vary_with_the_seed():
+    ex = exercises.get("ch11.kv_step")
+    firsts = {tuple(tuple(a.shape) for a in ex.cases(s)[0].args) for s in range(4)}
+    seconds = {tuple(tuple(a.shape) for a in ex.cases(s)[1].args) for s in range(4)}
+    assert len(firsts) > 1 and len(seconds) > 1

@@ -82,12 +82,13 @@ def _cases(g):
     sharp = list(_tensors(g, b, h, t, n, d))
     sharp[0] = sharp[0] * float(torch.empty(1).uniform_(2.0, 6.0, generator=g))  # peaked rows
     sharp[2] = sharp[2] * torch.logspace(-2, 2, b, dtype=torch.float64)[:, None, None, None]
+    t1, t2, n2 = ri(3, 9), ri(2, 7), ri(2, 5)                  # vary with the seed too
     return [
-        Case("生成时的一步：1 个新位置", _tensors(g, 2, 2, 5, 1, 4),
-             note="缓存里有 5 个位置，新来 1 个：新查询看全部 6 个键（包括它自己的）。",
+        Case("生成时的一步：1 个新位置", _tensors(g, 2, 2, t1, 1, 4),
+             note=f"缓存里有 {t1} 个位置，新来 1 个：新查询看全部 {t1 + 1} 个键（包括它自己的）。",
              tags=frozenset({"one"})),
-        Case("一次读入 3 个新位置（读提示词）", _tensors(g, 1, 2, 4, 3, 4),
-             note="缓存 4 个位置，新来 3 个：第 i 个新查询只看位置 0 … 4 + i（因果）。",
+        Case(f"一次读入 {n2} 个新位置（读提示词）", _tensors(g, 1, 2, t2, n2, 4),
+             note=f"缓存 {t2} 个位置，新来 {n2} 个：第 i 个新查询只看位置 0 … {t2} + i（因果）。",
              tags=frozenset({"many"})),
         Case("d_k = 16", _tensors(g, 1, 3, 3, 2, 16),
              note="d_k = 16：分数要除以 √16 = 4。", tags=frozenset({"scale"})),
