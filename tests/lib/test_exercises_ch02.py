@@ -294,3 +294,120 @@ def test_red_team_wrong_answers_stay_rejected(name, fn, seed):
 def test_unflattened_cross_entropy_is_told_where_the_classes_go():
     ok, text = run("ch02.token_cross_entropy", ce_no_flatten)
     assert not ok and "类别在第1维" in hint(text), text
+
+
+# --------------------------------------------------------------------------- R4 review
+def ce_class_weight(logits, target, pad_id):  # ignore_index in disguise: weight 0 at PAD
+    w = torch.ones(logits.shape[-1], dtype=logits.dtype)
+    w[pad_id] = 0
+    return F.cross_entropy(logits.flatten(0, 1), target.flatten(), weight=w)
+
+
+def ce_naive_exp(logits, target, pad_id):  # exp(z) / exp(z).sum(): overflows at logit 1000
+    e = logits.exp()
+    nll = -torch.log((e / e.sum(-1, keepdim=True)).gather(-1, target[..., None])[..., 0])
+    keep = target != pad_id
+    return (nll * keep).sum() / keep.sum()
+
+
+def ce_softmax_then_log(logits, target, pad_id):  # probability e^-900 underflows: log 0
+    nll = -logits.softmax(-1).log().gather(-1, target[..., None])[..., 0]
+    keep = target != pad_id
+    return (nll * keep).sum() / keep.sum()
+
+
+def ce_reduction_none(logits, target, pad_id):  # correct: per-position losses, masked mean
+    losses = F.cross_entropy(logits.transpose(1, 2), target, reduction="none")
+    return losses[target != pad_id].mean()
+
+
+def beam_exact_map(logp, bos, eos, k, max_len):  # the exact MAP by dynamic programming
+    best, live = None, {bos: (0.0, [])}
+    for _ in range(max_len):
+        for last, (s, toks) in live.items():
+            c = (s + float(logp[last, eos]), toks + [eos])
+            best = c if best is None or c[0] > best[0] else best
+        nxt = {}
+        for last, (s, toks) in live.items():
+            for w in range(logp.shape[0]):
+                if w != eos and (w not in nxt or s + float(logp[last, w]) > nxt[w][0]):
+                    nxt[w] = (s + float(logp[last, w]), toks + [w])
+        live = nxt
+    return torch.tensor(best[1]), torch.tensor(best[0], dtype=logp.dtype)
+
+
+def _beam(logp, bos, eos, k, max_len, *, stop_at_k=False, keep_finished=False):
+    live, done = [((), 0.0)], []
+    for t in range(1, max_len + 1):
+        cands = [c for c in live if keep_finished and c[0] and c[0][-1] == eos]
+        allowed = range(logp.shape[0]) if t < max_len else [eos]
+        cands += [(toks + (v,), s + float(logp[toks[-1] if toks else bos, v]))
+                  for toks, s in live if not (toks and toks[-1] == eos) for v in allowed]
+        kept = sorted(cands, key=lambda c: c[1], reverse=True)[:k]
+        if keep_finished:
+            live = kept
+            if all(c[0][-1] == eos for c in kept):
+                break
+            continue
+        done += [c for c in kept if c[0][-1] == eos]
+        live = [c for c in kept if c[0][-1] != eos]
+        if not live or stop_at_k and len(done) >= k:
+            break
+    toks, s = max(live if keep_finished else done, key=lambda c: c[1])
+    return torch.tensor(toks), torch.tensor(s, dtype=logp.dtype)
+
+
+def beam_stop_at_k(*a):  # stops as soon as k outputs are finished (live prefixes dropped)
+    return _beam(*a, stop_at_k=True)
+
+
+def beam_finished_stay(*a):  # correct: finished outputs keep their slot (same best by log P)
+    return _beam(*a, keep_finished=True)
+
+
+def beam_private_search(logp, bos, eos, k, max_len):  # the function behind the .solution
+    from attnbook.exercises import beam
+    toks, s, _ = beam._search(logp, bos, eos, k, max_len)
+    return torch.tensor(toks), torch.tensor(s, dtype=logp.dtype)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_ce_class_weight_at_pad_is_ruled_out(seed):
+    ok, text = run("ch02.token_cross_entropy", ce_class_weight, seed)
+    assert not ok and "不许" in text and "weight" in text, text
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("fn", [ce_naive_exp, ce_softmax_then_log])
+def test_ce_overflow_and_underflow_are_rejected_and_named(fn, seed):
+    ok, text = run("ch02.token_cross_entropy", fn, seed)
+    assert not ok and "log_softmax" in hint(text) and "0/0" not in hint(text), text
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_ce_reduction_none_with_a_mask_passes(seed):
+    ok, text = run("ch02.token_cross_entropy", ce_reduction_none, seed)
+    assert ok, text
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_beam_exact_map_is_rejected_and_named(seed):
+    ok, text = run("ch02.beam_search", beam_exact_map, seed)
+    assert not ok and "精确MAP" in hint(text), text
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_beam_stopping_at_k_finished_is_rejected_and_named(seed):
+    ok, text = run("ch02.beam_search", beam_stop_at_k, seed)
+    assert not ok and "凑够k个完成的输出就停了" in hint(text), text
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_beam_with_finished_outputs_kept_in_the_beam_passes(seed):
+    ok, text = run("ch02.beam_search", beam_finished_stay, seed)
+    assert ok, text
+
+
+def test_beam_private_search_is_ruled_out_by_name():
+    ok, text = run("ch02.beam_search", beam_private_search)
+    assert not ok and "不许" in text and "_search" in text, text

@@ -32,7 +32,7 @@ LOGP = "对数概率"
 
 
 def _search(logp, bos, eos, k, max_len, *, eos_ends=True, score="logp", per_parent=False,
-            descending=True, rank="logp", first=False):
+            descending=True, rank="logp", first=False, stop_at_k=False):
     V = logp.shape[-1]
     lp = logp.double()
     live = [((), 0.0, 0.0)]                    # (tokens without BOS, log P, ranking score)
@@ -62,7 +62,7 @@ def _search(logp, bos, eos, k, max_len, *, eos_ends=True, score="logp", per_pare
                     return c
             else:
                 live.append(c)
-        if not live:
+        if not live or stop_at_k and len(finished) >= k:
             break
     if not eos_ends:
         finished = live
@@ -101,6 +101,7 @@ BUGS = {
     "sorted_ascending": lambda *a: _answer(_search(*a, descending=False), a[0]),
     "last_step_only": lambda *a: _answer(_search(*a, score="last"), a[0]),
     "first_finished_returned": lambda *a: _answer(_search(*a, first=True), a[0]),
+    "stopped_at_k_finished": lambda *a: _answer(_search(*a, stop_at_k=True), a[0]),
 }
 
 
@@ -166,6 +167,14 @@ def _first_not_best(g):
     return _table(g, spec, ["BOS", "EOS", "A"], int(torch.randint(2, 5, (1,), generator=g)))
 
 
+def _k_finished_early(g):
+    """EOS (P about .3) finishes at step 1, A EOS (P about .16) at step 2: k = 2 outputs are
+    finished, but the live A X still ends as A X EOS (P about .36), the best."""
+    p = 0.28 + 0.04 * float(torch.rand(1, generator=g))
+    spec = {"BOS": {"A": 0.55, "EOS": p}, "A": {"X": 0.68, "EOS": 0.3}, "X": {"EOS": 0.95}}
+    return _table(g, spec, ["BOS", "EOS", "A", "X"], int(torch.randint(2, 5, (1,), generator=g)))
+
+
 def _length_matters(g):
     """[EOS] has P .5; [A B EOS] has P about .36 but a better per-token average."""
     spec = {"BOS": {"EOS": 0.5, "A": 0.45}, "A": {"B": 0.9}, "B": {"EOS": 0.9}}
@@ -196,6 +205,7 @@ def _cases(g):
 
     loses, ids = _beam_loses(g)
     first, fid = _first_not_best(g)
+    early, eid = _k_finished_early(g)
     length, lid = _length_matters(g)
     whole, wid = _whole_prefix(g)
     scale = 1.0 + 2.0 * float(torch.rand(1, generator=g))
@@ -213,6 +223,9 @@ def _cases(g):
         Case("最先完成的不是最好的", (first, fid["BOS"], fid["EOS"], 2, 3),
              note="第 1 步就生成 EOS 的输出 P 约 0.3，最先完成；A EOS 的 P = 0.54 更大。",
              tags=frozenset({"first"})),
+        Case("已有 k 个输出完成，搜索还没结束", (early, eid["BOS"], eid["EOS"], 2, 4),
+             note="EOS（P 约 0.3）和 A EOS（P 约 0.16）先后完成，凑够了 k = 2 个；但 A X 还活着，"
+                  "它走到 A X EOS，P 约 0.36，最好。", tags=frozenset({"kdone"})),
         Case("按对数概率而不是按每个词元的平均", (length, lid["BOS"], lid["EOS"], 2, 4),
              note="[EOS] 的 P 约 0.5；[A B EOS] 的 P 约 0.36，但每个词元的平均对数概率更高。",
              tags=frozenset({"length"})),
@@ -229,6 +242,9 @@ def _cases(g):
 
 # --------------------------------------------------------------------------- the hints
 _TOKEN_TEXTS = (
+    ("stopped_at_k_finished",
+     "像是凑够 k 个完成的输出就停了：束里还有活前缀时搜索不能结束，它们之后可能完成一个"
+     "对数概率更高的输出；要一直走到没有活前缀（或到 max_len）。"),
     ("first_finished_returned",
      "返回的是最先完成的输出：它不一定最好。完成的输出先收起来，搜索结束后在它们中间取"
      "对数概率最大的那个。"),
@@ -255,6 +271,7 @@ _TOKEN_TEXTS = (
 
 # the bug each hand-built case is made to expose (others may give the same output there)
 _MEANT = {"length_normalised": "length", "first_finished_returned": "first",
+         "stopped_at_k_finished": "kdone",
           "last_step_only": "whole"}
 
 
@@ -264,6 +281,24 @@ def _token_list(t):
     if not bool((t == t.round()).all()):
         return None
     return [int(v) for v in t.tolist()]
+
+
+def _exact_map(logp, bos, eos, max_len):
+    """The most probable output of at most ``max_len`` tokens (dynamic programming over the
+    last token): (tokens, log P)."""
+    lp = logp.double()
+    best, live = None, {bos: (0.0, [])}
+    for t in range(1, max_len + 1):
+        for last, (s, toks) in live.items():
+            c = (s + float(lp[last, eos]), toks + [eos])
+            best = c if best is None or c[0] > best[0] else best
+        nxt = {}
+        for last, (s, toks) in live.items():
+            for w in range(lp.shape[0]):
+                if w != eos and (w not in nxt or s + float(lp[last, w]) > nxt[w][0]):
+                    nxt[w] = (s + float(lp[last, w]), toks + [w])
+        live = nxt
+    return best[1], best[0]
 
 
 def _hint(f):
@@ -279,7 +314,10 @@ def _hint(f):
         if got and got[0] == bos and got[1:] == list(right[0]):
             return "输出里不要放 BOS：tokens 从第一个生成的词元开始，以 EOS 结尾。"
         if eos in got[:-1]:
-            return _TOKEN_TEXTS[-1][1]
+            return dict(_TOKEN_TEXTS)["eos_not_handled"]
+        if got == _exact_map(logp, bos, eos, args[4])[0] and got != list(right[0]):
+            return ("你返回的是全局最优的输出（穷举或动态规划得到的精确 MAP）：本题要的是束宽 k 的"
+                    "束搜索本身的结果，它可能比 MAP 差。按题目的规则一步一步留下 k 个候选。")
         if not got or got[-1] != eos:
             return ("输出要以 EOS 结尾：EOS 也是输出的一部分；到第 max_len 步时只能选 EOS"
                     "（它的对数概率也要加上）。")
@@ -300,11 +338,12 @@ def _hint(f):
         if abs(got - (right[1] - last)) < 1e-9 * max(1.0, abs(got)):
             return "少了 EOS 那一项：生成 EOS 的对数概率也属于 log P(y|x)。"
         if close(f.got, _summed_probs(*args)[1]):
-            return _TOKEN_TEXTS[5][1]
+            return dict(_TOKEN_TEXTS)["probabilities_summed"]
     return None
 
 
 register(Exercise("ch02.beam_search", "束搜索", beam_search, BUGS, _cases, (_hint,), run=_run,
                   build=True, f64_tol=dict(rtol=1e-9, atol=1e-9),
                   forbidden=((decoding.beam_search, "attnbook.decoding.beam_search"),
-                             (decoding.exact_map, "attnbook.decoding.exact_map"))))
+                             (decoding.exact_map, "attnbook.decoding.exact_map"),
+                             (_search, "exercises.beam._search"))))

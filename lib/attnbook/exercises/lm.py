@@ -236,7 +236,17 @@ def _ce_cases(g):
                                                              lengths),
              note=f"目标长度 {lengths}；pad_id = {v3 // 2}，比它大和比它小的编号都是普通词元。",
              tags=frozenset({"padmid"})),
+        Case("logit 很大（上千）", _large(draw([3, 6], 6, 5, 0), g),
+             note="logit 约 1000 ± 几百：exp(logit) 会上溢成 inf；被选中的词元的概率常常小于 "
+                  "e^-745，在 float64 里下溢成 0。", tags=frozenset({"large"})),
     ]
+
+
+def _large(drawn, g):
+    """Logits around 1000 +- a few hundred (exp overflows; softmax then log gives -inf)."""
+    logits, target, pad_id = drawn
+    scale = 300.0 + 100.0 * float(torch.rand(1, generator=g))
+    return 1000.0 + scale * logits, target, pad_id
 
 
 def _zero_occurs(drawn):
@@ -262,6 +272,10 @@ def _ce_hint(f):
     if f.kind == "exception" and "Expected target size" in str(f.exc):
         return ("F.cross_entropy 要的类别在第 1 维：输入是 (N, V) 或 (B, V, T)。把 (B, T, V) 的 logits "
                 "先 flatten(0, 1)（目标也 flatten()），或者 transpose(1, 2)。")
+    if f.kind in ("nan", "inf") and "large" in f.case.tags:
+        return ("exp(logit) 上溢成 inf，或概率下溢成 0 再取 log 得到 −inf：用 log_softmax"
+                "（它先减去每行的最大值，不经过概率本身），不要自己写 exp(x) / exp(x).sum()，"
+                "也不要先 softmax 再 log。")
     if f.kind == "nan":
         return ("结果是 0/0 = NaN：有的句子（或整个批）一个真实词元也没选上。判断真实词元要用 "
                 "target != pad_id，不能假定 PAD 是最大（或最小）的编号。")
@@ -297,12 +311,16 @@ def _ce_hint(f):
 
 
 def _ignore_index(args, kwargs) -> bool:
-    """F.cross_entropy / F.nll_loss asked to drop the PAD targets itself (ignore_index)."""
+    """F.cross_entropy / F.nll_loss asked to drop the PAD targets itself (ignore_index), or to
+    weigh them out (a class ``weight`` with 0 at pad_id gives the same mean)."""
     value = kwargs.get("ignore_index", args[4] if len(args) > 4 else -100)
-    return value is not None and int(value) != -100
+    weight = kwargs.get("weight", args[2] if len(args) > 2 else None)
+    return value is not None and int(value) != -100 or weight is not None
 
 
 register(Exercise("ch02.token_cross_entropy", "按词元平均的交叉熵", token_cross_entropy,
                   CE_BUGS, _ce_cases, (_ce_hint,),
-                  forbidden=((F.cross_entropy, "F.cross_entropy(ignore_index=…)", _ignore_index),
-                             (F.nll_loss, "F.nll_loss(ignore_index=…)", _ignore_index))))
+                  forbidden=((F.cross_entropy, "F.cross_entropy(ignore_index=… 或 weight=…)",
+                              _ignore_index),
+                             (F.nll_loss, "F.nll_loss(ignore_index=… 或 weight=…)",
+                              _ignore_index))))

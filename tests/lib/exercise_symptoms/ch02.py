@@ -20,4 +20,5 @@ SYMPTOMS = {
     ("ch02.beam_search", "sorted_ascending"): ["排序方向反了", "降序"],
     ("ch02.beam_search", "last_step_only"): ["只按最后一步", "整个前缀"],
     ("ch02.beam_search", "first_finished_returned"): ["最先完成", "对数概率最大"],
+    ("ch02.beam_search", "stopped_at_k_finished"): ["凑够 k 个完成的输出就停了", "没有活前缀"],
 }
