@@ -196,4 +196,4 @@ register(Exercise("ch01.bptt", "手写沿时间反向传播", bptt, BUGS, _cases
                              (torch.autograd.functional.jvp, "torch.autograd.functional.jvp"),
                              (torch.autograd.forward_ad.make_dual,
                               "torch.autograd.forward_ad.make_dual"),
-                             (_bptt, "exercises.bptt_build._bptt（参考答案背后的函数）"))))
+                             (_bptt, "exercises.bptt_build._bptt"))))
