@@ -161,22 +161,24 @@ def _beam_loses(g):
 
 
 def _first_not_best(g):
-    """EOS at step 1 (P .3) finishes first; A EOS (P .54) is better."""
+    """EOS at step 1 (P about .34) finishes first; A EOS (P about .66) is better (rows are
+    renormalised: the spec's numbers are not the final P)."""
     p = 0.28 + 0.04 * float(torch.rand(1, generator=g))
     spec = {"BOS": {"EOS": p, "A": 0.6}, "A": {"EOS": 0.9}}
     return _table(g, spec, ["BOS", "EOS", "A"], int(torch.randint(2, 5, (1,), generator=g)))
 
 
 def _k_finished_early(g):
-    """EOS (P about .3) finishes at step 1, A EOS (P about .16) at step 2: k = 2 outputs are
-    finished, but the live A X still ends as A X EOS (P about .36), the best."""
+    """EOS (P about .36) finishes at step 1, A EOS (P about .2) at step 2: k = 2 outputs are
+    finished, but the live A X still ends as A X EOS (P about .45), the best (each row is
+    renormalised with the filler tokens: the spec's numbers are not the final P)."""
     p = 0.28 + 0.04 * float(torch.rand(1, generator=g))
     spec = {"BOS": {"A": 0.55, "EOS": p}, "A": {"X": 0.68, "EOS": 0.3}, "X": {"EOS": 0.95}}
     return _table(g, spec, ["BOS", "EOS", "A", "X"], int(torch.randint(2, 5, (1,), generator=g)))
 
 
 def _length_matters(g):
-    """[EOS] has P .5; [A B EOS] has P about .36 but a better per-token average."""
+    """[EOS] has P about .53; [A B EOS] has P about .47 but a better per-token average."""
     spec = {"BOS": {"EOS": 0.5, "A": 0.45}, "A": {"B": 0.9}, "B": {"EOS": 0.9}}
     return _table(g, spec, ["BOS", "EOS", "A", "B"], int(torch.randint(2, 5, (1,), generator=g)))
 
@@ -221,13 +223,13 @@ def _cases(g):
              note="A 的 P = 0.8，它的四个后继各约 0.25；B 的 P = 0.2，它的两个后继各约 0.5："
                   "按整个前缀的对数概率，A x 留在束里。", tags=frozenset({"whole"})),
         Case("最先完成的不是最好的", (first, fid["BOS"], fid["EOS"], 2, 3),
-             note="第 1 步就生成 EOS 的输出 P 约 0.3，最先完成；A EOS 的 P = 0.54 更大。",
+             note="第 1 步就生成 EOS 的输出 P 约 0.34，最先完成；A EOS 的 P 约 0.66，更大。",
              tags=frozenset({"first"})),
         Case("已有 k 个输出完成，搜索还没结束", (early, eid["BOS"], eid["EOS"], 2, 4),
-             note="EOS（P 约 0.3）和 A EOS（P 约 0.16）先后完成，凑够了 k = 2 个；但 A X 还活着，"
-                  "它走到 A X EOS，P 约 0.36，最好。", tags=frozenset({"kdone"})),
+             note="EOS（P 约 0.36）和 A EOS（P 约 0.2）先后完成，凑够了 k = 2 个；但 A X 还活着，"
+                  "它走到 A X EOS，P 约 0.45，最好。", tags=frozenset({"kdone"})),
         Case("按对数概率而不是按每个词元的平均", (length, lid["BOS"], lid["EOS"], 2, 4),
-             note="[EOS] 的 P 约 0.5；[A B EOS] 的 P 约 0.36，但每个词元的平均对数概率更高。",
+             note="[EOS] 的 P 约 0.53；[A B EOS] 的 P 约 0.47，但每个词元的平均对数概率更高。",
              tags=frozenset({"length"})),
         Case(f"随机的模型：V = {v1}，k = 1", (_random_table(g, v1, scale, 1.0), 0, 1, 1, pick(4, 6)),
              note="BOS = 0，EOS = 1；k = 1 的束搜索与贪心解码相同。", tags=frozenset({"greedy"})),
