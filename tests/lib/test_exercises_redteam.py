@@ -195,6 +195,43 @@ def test_the_shortcuts_are_ruled_out_by_name(name, fn, word):
     assert not ok and "不许" in text and word in text, text
 
 
+def aten_attention(q, k, v, mask=None):  # torch.ops.aten below F.scaled_dot_product_attention
+    return torch.ops.aten._scaled_dot_product_attention_math(q, k, v, attn_mask=mask)[0]
+
+
+def aten_online_softmax(x, block):  # aten._softmax below torch.softmax
+    return torch.ops.aten._softmax(x, -1, False)
+
+
+def aten_layer_norm(x, weight, bias, eps=1e-5):  # aten.native_layer_norm below F.layer_norm
+    return torch.ops.aten.native_layer_norm(x, [x.shape[-1]], weight, bias, eps)[0]
+
+
+@pytest.mark.parametrize("name,fn,word", [
+    ("ch04.attention", aten_attention, "scaled_dot_product_attention"),
+    ("ch09.online_softmax", aten_online_softmax, "softmax"),
+    ("ch08.layer_norm", aten_layer_norm, "layer_norm")], ids=lambda x: str(x)[:30])
+def test_a_shortcut_through_torch_ops_aten_is_ruled_out(name, fn, word):
+    ok, text = run(name, fn)
+    assert not ok and "不许" in text and word in text, text
+
+
+def test_a_plain_answer_is_not_ruled_out_by_the_aten_names():  # control: softmax by hand passes
+    def my_online_softmax(x, block):
+        m = torch.full_like(x[..., :1], -math.inf)
+        s = torch.zeros_like(m)
+        for j in range(0, x.shape[-1], block):
+            b = x[..., j:j + block]
+            m_new = torch.maximum(m, b.amax(-1, keepdim=True))
+            scale = torch.where(m_new == -math.inf, 0.0, torch.exp(m - m_new))
+            s = s * scale + torch.where(b == -math.inf, 0.0, torch.exp(b - m_new)).sum(-1, keepdim=True)
+            m = m_new
+        out = torch.where(s > 0, torch.exp(x - m) / s, 0.0)
+        return torch.where(x == -math.inf, 0.0, out)
+    ok, text = run("ch09.online_softmax", my_online_softmax)
+    assert ok, text
+
+
 @pytest.mark.parametrize("name", ["ch04.masked_softmax", "ch06.rope", "ch08.layer_norm",
                                   "ch09.merge_partial", "ch11.kv_step", "ch01.clip_grad_norm"])
 def test_calling_the_exercises_own_solution_is_ruled_out(name):

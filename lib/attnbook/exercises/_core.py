@@ -376,6 +376,19 @@ class _Recorder(torch.overrides.TorchFunctionMode):
         super().__init__()
         self.targets = targets
         self.hits: list = []
+        # torch.ops.aten.<op> called directly reaches the mode as an OpOverload(Packet): it is
+        # the forbidden function when its name holds the function's (aten._softmax: softmax,
+        # aten._scaled_dot_product_attention_math: scaled_dot_product_attention). Entries with a
+        # predicate are left out (aten's arguments are not the function's).
+        self.aten = [(getattr(f, "__name__", "").lstrip("_"), (label, None))
+                     for f, (label, pred) in targets.items()
+                     if pred is None and len(getattr(f, "__name__", "").lstrip("_")) > 3]
+
+    def _aten_entry(self, func):
+        if not isinstance(func, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            return None
+        op = str(getattr(func, "__name__", "")).split(".")[0]
+        return next((entry for name, entry in self.aten if name in op), None)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -383,6 +396,8 @@ class _Recorder(torch.overrides.TorchFunctionMode):
             entry = self.targets.get(func)
         except TypeError:  # an unhashable callable
             entry = None
+        if entry is None:
+            entry = self._aten_entry(func)
         if entry is not None and not _caller_is_package(sys._getframe(1)):
             label, pred = entry
             try:
