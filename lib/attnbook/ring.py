@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime
 import pickle
 import socket
+import time
 
 import torch
 
@@ -168,8 +169,22 @@ def _launch(rank, fn, world_size, port, timeout, args):
     try:
         fn(rank, world_size, *args)
         dist.barrier()
+    except RuntimeError as e:
+        if _peer_lost(e):  # another rank failed first: let its error be the one reported
+            time.sleep(_PEER_LOST_WAIT)
+        raise
     finally:
         dist.destroy_process_group()
+
+
+_PEER_LOST_WAIT = 2.0  # seconds: the failed rank exits first, so run_local names it
+
+
+def _peer_lost(e: BaseException) -> bool:
+    """Is ``e`` gloo reporting that a peer went away (a consequence, not the cause)?"""
+    text = str(e)
+    return any(s in text for s in ("Connection reset by peer", "Connection closed by peer",
+                                   "Read error", "Broken pipe", "Socket closed"))
 
 
 def _free_port() -> int:

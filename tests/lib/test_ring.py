@@ -111,3 +111,14 @@ def test_run_local_argument_errors():
         run_local(_fail_in_rank_1, 2, timeout=0)
     with pytest.raises(TypeError, match=r"run_local: `fn` must be a callable"):
         run_local("not a function", 2)
+
+
+def test_a_peer_lost_error_is_told_from_the_cause():
+    """A rank whose barrier fails because another rank died waits before it exits, so run_local
+    names the rank that failed first (a fresh-clone run saw 'rank 0 failed: ... Connection reset
+    by peer' instead of rank 1's own error)."""
+    from attnbook.ring import _peer_lost
+    seen = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+            "[127.0.0.1]:10126: Connection reset by peer.")
+    assert _peer_lost(RuntimeError(seen))
+    assert not _peer_lost(ValueError("boom from the test's rank 1"))      # control: the cause
