@@ -1,7 +1,5 @@
 """Chapter 10's exercises: independent correct answers pass, every classic bug is rejected on
 more draws than test_exercises runs, and the references agree with the library."""
-import contextlib
-import io
 
 import pytest
 import torch
@@ -11,16 +9,10 @@ from attnbook import exercises
 from attnbook import causal_mask
 from attnbook.exercises import check
 from attnbook.train import label_smoothed_cross_entropy, vaswani_lr
+from exercise_run import run
 
 NAMES = ("ch10.smoothed_cross_entropy", "ch10.noam_lr", "ch10.decoder_mask")
 SEEDS = range(2, 6)
-
-
-def run(name, fn, seed=0):
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        ok = check(name, fn, seed=seed)
-    return bool(ok), buf.getvalue()
 
 
 def torch_smoothed(logits, target, smoothing, pad_id):

@@ -2,23 +2,15 @@
 the galleries are rejected on seeds 0-3 with the hint that names them, correct but unusual
 answers pass, and the shortcuts (the library's function, torch's one-call equivalent, autograd,
 the exercise's own .solution) are rejected by name."""
-import contextlib
-import io
 
 import pytest
 import torch
 
 from attnbook import exercises
 from attnbook.exercises import check
+from exercise_run import run
 
 SEEDS = (0, 1, 2, 3)
-
-
-def run(name, fn, seed=0):
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        ok = check(name, fn, seed=seed)
-    return bool(ok), buf.getvalue()
 
 
 def hint(text):

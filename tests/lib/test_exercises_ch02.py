@@ -2,8 +2,6 @@
 rejected on seeds 0-3 with the hint that names them (and no other), correct but unusual answers
 pass, the shortcuts are rejected by name, and the beam search's hidden cases hold a model on
 which beam k = 2 loses to greedy and one where k = 1 is greedy."""
-import contextlib
-import io
 import math
 
 import pytest
@@ -12,15 +10,9 @@ import torch.nn.functional as F
 
 from attnbook import decoding, exercises
 from attnbook.exercises import check
+from exercise_run import run
 
 SEEDS = (0, 1, 2, 3)
-
-
-def run(name, fn, seed=0):
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        ok = check(name, fn, seed=seed)
-    return bool(ok), buf.getvalue()
 
 
 def hint(text):

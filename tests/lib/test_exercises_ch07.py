@@ -2,8 +2,6 @@
 checks for every exercise (references pass, every gallery bug rejected with its symptom, stubs):
 the column convention is rejected, independent right answers pass, and the references equal the
 library's FeedForward (relu and swiglu, weights copied)."""
-import contextlib
-import io
 
 import pytest
 import torch
@@ -12,13 +10,7 @@ import torch.nn.functional as F
 from attnbook import exercises
 from attnbook.exercises import check
 from attnbook.layers import FeedForward
-
-
-def run(name, fn, **kw):
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        ok = check(name, fn, **kw)
-    return bool(ok), buf.getvalue()
+from exercise_run import run
 
 
 def test_transposed_weights_are_rejected():

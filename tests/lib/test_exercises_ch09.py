@@ -3,8 +3,6 @@ tests/lib/test_exercises.py checks for every exercise: the tiled forward is chec
 method (one pass over the tiles, no Tq x Tk intermediate, the library's loops ruled out by
 name), wrong answers outside the galleries are rejected over seeds 0-3, correct but unusual
 answers pass, and the hints the reviews found misleading now name the real mistake."""
-import contextlib
-import io
 import math
 
 import pytest
@@ -13,16 +11,10 @@ import torch.nn.functional as F
 
 from attnbook import attention_ref, exercises
 from attnbook.exercises import check
+from exercise_run import run
 
 SEEDS = (0, 1, 2, 3)
 NEG_INF = float("-inf")
-
-
-def run(name, fn, **kw):
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        ok = check(name, fn, **kw)
-    return bool(ok), buf.getvalue()
 
 
 def hint(text):

@@ -2,8 +2,6 @@
 answers written another way pass, the library's and PyTorch's layers are refused by name, wrong
 answers outside the gallery are rejected on seeds 0-3, each hint fires on its own mistake), and
 the hints that replaced the generic ones (KL, mean of means, sqrt(d_model), the mask's dtype)."""
-import contextlib
-import io
 
 import pytest
 import torch
@@ -15,16 +13,10 @@ from attnbook.blocks import DecoderLayer
 from attnbook.exercises import check
 from attnbook.exercises import decoder_layer as dl
 from attnbook.multihead import merge_heads, split_heads
+from exercise_run import run
 
 SEEDS = range(4)
 NAME = "ch10.decoder_layer"
-
-
-def run(name, fn, seed=0):
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        ok = check(name, fn, seed=seed)
-    return bool(ok), buf.getvalue()
 
 
 def hint(text):

@@ -2,8 +2,6 @@
 answers written another way pass, the one-call losses are refused by name, wrong answers
 outside the gallery are rejected on seeds 0-3), kv_step's hints for the top-left mask, the
 1/d_k scale and a missing output, and its correct-but-unusual answers."""
-import contextlib
-import io
 import math
 
 import pytest
@@ -14,15 +12,9 @@ from attnbook import exercises
 from attnbook.exercises import check
 from attnbook.exercises import lmshift
 from attnbook.gpt import lm_loss
+from exercise_run import run
 
 SEEDS = range(4)
-
-
-def run(name, fn, seed=0):
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        ok = check(name, fn, seed=seed)
-    return bool(ok), buf.getvalue()
 
 
 def hint(text):

@@ -1,8 +1,6 @@
 """attnbook.exercises against the round-4 red team (shared/reviews/round4/rev4-exercises.md,
 rev4-learner.md): the wrong answers it found accepted are rejected on several seeds, the
 shortcuts are ruled out by name, and correct-but-unusual answers stay accepted."""
-import contextlib
-import io
 import math
 
 import pytest
@@ -10,16 +8,10 @@ import torch
 import torch.nn.functional as F
 
 from attnbook.exercises import check
+from exercise_run import run
 
 NEG_INF = float("-inf")
 SEEDS = (0, 1, 2, 3)
-
-
-def run(name, fn, seed=0):
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        ok = check(name, fn, seed=seed)
-    return bool(ok), buf.getvalue()
 
 
 def _sm(s):
