@@ -36,6 +36,14 @@ class AttentionSeq2Seq(_Seq2SeqBase):
     (1 = the model as trained; any finite T > 0; as T -> 0 the weights become hard attention, uniform
     over the keys that tie for the highest score, and a T so small that ``e / T`` overflows gives
     that limit, never NaN; see ``attend``). Returns ``Seq2SeqOutput`` with weights ``(B, T, S)``.
+
+    ``forward(..., alpha_fn=f)`` (also ``decode``, ``attend``, ``step_fn``, ``batch_step_fn``) is an
+    intervention: ``f(alpha, t)`` receives the model's own weights ``alpha (B, Tq, S)`` for the
+    queries of decoder steps ``t, t+1, ..., t+Tq-1`` (Bahdanau and input feeding call it once per
+    step with ``Tq = 1``; plain Luong once with all ``T`` steps and ``t = 0``) and returns the weights
+    to use instead: same shape, dtype and device, finite, >= 0, exactly 0 on PAD keys, each row
+    summing to 1 (within 1e-4). The context is then ``f(alpha, t) @ H`` and the output's weights are
+    the replaced ones. ``alpha_fn=None`` (default) is the model itself.
     """
 
     def __init__(self, src_vocab: int, tgt_vocab: int, *, d_emb: int = 32, d_hidden: int = 64,
@@ -80,8 +88,8 @@ class AttentionSeq2Seq(_Seq2SeqBase):
             self.combine = nn.Linear(d_key + d_hidden, d_hidden, bias=False)  # W_c
             self.out = nn.Linear(d_hidden, tgt_vocab)                     # W_s
 
-    def attend(self, query: torch.Tensor, enc: EncoderOutput, *,
-               temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    def attend(self, query: torch.Tensor, enc: EncoderOutput, *, temperature: float = 1.0,
+               alpha_fn=None, t: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """The three steps for queries ``(B, Tq, d_hidden)`` (chapter 03).
 
         These are eq-ch03-softmax and eq-ch03-context:
@@ -96,6 +104,9 @@ class AttentionSeq2Seq(_Seq2SeqBase):
            weight 0;
         3. ``c = alpha H`` (weighted sum of the encoder states).
         Returns ``(contexts (B, Tq, D_k), weights (B, Tq, S))``.
+
+        ``alpha_fn`` (see the class docstring): replaces alpha before step 3; ``t`` is the decoder
+        step of the first query (passed to ``alpha_fn``).
         """
         temperature = self._check_attend(query, enc, temperature)
         scores = self.score(query, enc.memory)                            # (B, Tq, S)
@@ -105,6 +116,8 @@ class AttentionSeq2Seq(_Seq2SeqBase):
         # inf - inf = NaN); the shift is a constant: no gradient
         shifted = scores - scores.amax(-1, keepdim=True).detach()
         weights = masked_softmax(shifted / temperature)
+        if alpha_fn is not None:
+            weights = _replace_weights(alpha_fn, weights, enc.mask, t)
         return weights @ enc.memory, weights                              # (B, Tq, D_k)
 
     def _check_attend(self, query, enc, temperature) -> float:
@@ -120,17 +133,20 @@ class AttentionSeq2Seq(_Seq2SeqBase):
         temperature = check_float("temperature", temperature, fn=fn, minimum=0.0, inclusive=False)
         return max(temperature, torch.finfo(self.init.weight.dtype).tiny)  # see step 2 above
 
-    def decode(self, tgt_in: torch.Tensor, enc: EncoderOutput, *,
-               temperature: float = 1.0) -> Seq2SeqOutput:
-        """Decoder given the encoder's output (teacher forcing over ``tgt_in``)."""
+    def decode(self, tgt_in: torch.Tensor, enc: EncoderOutput, *, temperature: float = 1.0,
+               alpha_fn=None) -> Seq2SeqOutput:
+        """Decoder given the encoder's output (teacher forcing over ``tgt_in``); ``alpha_fn``:
+        the intervention on the attention weights (class docstring)."""
         temperature = self._check_decode(tgt_in, enc, temperature=temperature)
+        _check_alpha_fn(alpha_fn)
         e = self.embed(tgt_in)                                     # (B, T, d_emb)
         s = torch.tanh(self.init(enc.summary))                     # s_0: (B, d_hidden)
         if self.flow == "bahdanau":
             states, contexts, weights = [s], [], []
             for t in range(tgt_in.shape[1]):
                 # query s_{t-1}
-                c, a = self.attend(s[:, None], enc, temperature=temperature)
+                c, a = self.attend(s[:, None], enc, temperature=temperature,
+                                   alpha_fn=alpha_fn, t=t)
                 s = self.cell(torch.cat([e[:, t], c[:, 0]], -1), s)           # s_t
                 states.append(s)
                 contexts.append(c[:, 0])
@@ -141,7 +157,8 @@ class AttentionSeq2Seq(_Seq2SeqBase):
         if not self.input_feeding:
             s_all, _ = self.rnn(e, s[None].contiguous())  # s_1..s_T: (B, T, d_hidden)
             # query s_t
-            contexts, weights = self.attend(s_all, enc, temperature=temperature)
+            contexts, weights = self.attend(s_all, enc, temperature=temperature,
+                                            alpha_fn=alpha_fn)
             h_tilde = torch.tanh(self.combine(torch.cat([contexts, s_all], -1)))  # h~_t
             states = torch.cat([s[:, None], s_all], 1)
             return Seq2SeqOutput(self.out(h_tilde), weights, states, contexts)
@@ -150,7 +167,8 @@ class AttentionSeq2Seq(_Seq2SeqBase):
         for t in range(tgt_in.shape[1]):
             # s_t = f(s_{t-1}, [y; h~])
             s = self.cell(torch.cat([e[:, t], h_tilde], -1), s)
-            c, a = self.attend(s[:, None], enc, temperature=temperature)  # query s_t
+            c, a = self.attend(s[:, None], enc, temperature=temperature,
+                               alpha_fn=alpha_fn, t=t)                # query s_t
             h_tilde = torch.tanh(self.combine(torch.cat([c[:, 0], s], -1)))
             states.append(s)
             contexts.append(c[:, 0])
@@ -159,3 +177,31 @@ class AttentionSeq2Seq(_Seq2SeqBase):
         logits = self.out(torch.stack(tildes, 1))
         return Seq2SeqOutput(logits, torch.stack(weights, 1), torch.stack(states, 1),
                              torch.stack(contexts, 1))
+
+
+def _check_alpha_fn(alpha_fn) -> None:
+    if alpha_fn is not None and not callable(alpha_fn):
+        raise TypeError(f"AttentionSeq2Seq: `alpha_fn` must be None or a callable "
+                        f"(alpha (B, Tq, S), t) -> weights, got {alpha_fn!r}")
+
+
+def _replace_weights(alpha_fn, weights: torch.Tensor, mask: torch.Tensor, t: int) -> torch.Tensor:
+    """``alpha_fn(weights, t)``, checked: a distribution over the real keys of each row."""
+    fn = "AttentionSeq2Seq.attend"
+    _check_alpha_fn(alpha_fn)
+    check_int("t", t, fn=fn, minimum=0)
+    new = alpha_fn(weights, t)
+    if not isinstance(new, torch.Tensor):
+        raise TypeError(f"{fn}: `alpha_fn` must return a tensor of weights, got {type(new).__name__}")
+    if new.shape != weights.shape or new.dtype != weights.dtype or new.device != weights.device:
+        raise ValueError(f"{fn}: `alpha_fn` must return weights like alpha, {describe(weights)}, "
+                         f"got {describe(new)}")
+    if not bool(torch.isfinite(new).all()) or bool((new < 0).any()):
+        raise ValueError(f"{fn}: `alpha_fn` must return finite weights >= 0 (step t={t})")
+    if bool((new.masked_select(~mask[:, None, :].expand_as(new)) != 0).any()):
+        raise ValueError(f"{fn}: `alpha_fn` must give PAD keys weight exactly 0 (step t={t})")
+    sums = new.sum(-1)
+    if not torch.allclose(sums, torch.ones_like(sums), rtol=0.0, atol=1e-4):
+        raise ValueError(f"{fn}: every row that `alpha_fn` returns must sum to 1 (within 1e-4); "
+                         f"step t={t} has sums from {sums.min().item():.6g} to {sums.max().item():.6g}")
+    return new
