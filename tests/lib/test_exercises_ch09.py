@@ -1,7 +1,7 @@
-"""Chapter 09's hands-on exercises (attnbook.exercises.online, flashattn, tiled), beyond what
-tests/lib/test_exercises.py checks for every exercise: the tiled forward is checked for its
-method (one pass over the tiles, no Tq x Tk intermediate, the library's loops ruled out by
-name), wrong answers outside the galleries are rejected over seeds 0-3, correct but unusual
+"""Chapter 09's hands-on exercises (attnbook.exercises.online, flashattn, tiled, tiled_bwd),
+beyond what tests/lib/test_exercises.py checks for every exercise: the streamed exercises are
+checked for their method (one pass over the blocks or tiles, no intermediate as large as the
+whole input, the library's loops ruled out by name), wrong answers outside the galleries are rejected over seeds 0-3, correct but unusual
 answers pass, and the hints the reviews found misleading now name the real mistake."""
 import math
 
@@ -237,59 +237,6 @@ def test_copies_of_the_tiles_kept_for_later_are_refused_by_memory(fn, seed):
     assert ok is False and "很长的键流" in text and "KeptTiles" in text, text
 
 
-# The two-pass softmax (the whole row's max, then the sum) and its disguises (review R3): refused.
-def _guard(m):
-    return m.masked_fill(torch.isneginf(m), 0.0)
-
-
-def softmax_two_pass(x, block):
-    e = torch.exp(x - _guard(x.amax(-1, keepdim=True)))
-    s = e.sum(-1, keepdim=True)
-    return e / s.masked_fill(s == 0, 1.0)
-
-
-def softmax_max_then_blocks(x, block):  # torch.max over the row, then the sum block by block
-    m = _guard(torch.max(x, -1, keepdim=True).values)
-    l_i = 0
-    for j in range(0, x.shape[-1], block):
-        l_i = l_i + torch.exp(x[..., j:j + block] - m).sum(-1, keepdim=True)
-    return torch.exp(x - m) / l_i.masked_fill(l_i == 0, 1.0)
-
-
-def softmax_sum_by_matmul(x, block):  # the row's sum as a product with a ones vector
-    m = torch.full(x.shape[:-1] + (1,), NEG_INF, dtype=x.dtype)
-    for j in range(0, x.shape[-1], block):
-        m = torch.maximum(m, x[..., j:j + block].amax(-1, keepdim=True))
-    e = torch.exp(x - _guard(m))
-    s = e @ torch.ones(x.shape[-1], 1, dtype=x.dtype)
-    return e / s.masked_fill(s == 0, 1.0)
-
-
-@pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("fn", [softmax_two_pass, softmax_max_then_blocks, softmax_sum_by_matmul],
-                         ids=lambda f: f.__name__)
-def test_a_whole_row_reduction_is_refused_in_the_online_softmax(fn, seed):
-    ok, text = run("ch09.online_softmax", fn, seed=seed)
-    assert ok is False and "WholeRow" in text and "两遍扫描" in hint(text), text
-
-
-@pytest.mark.parametrize("seed", SEEDS)
-def test_an_online_softmax_that_writes_its_output_in_blocks_passes(seed):
-    def blocks_twice(x, block):  # the statistics in one pass, the output block by block
-        m = torch.full(x.shape[:-1] + (1,), NEG_INF, dtype=x.dtype)
-        l_i = torch.zeros_like(m)
-        for j in range(0, x.shape[-1], block):
-            xb = x[..., j:j + block]
-            m_new = torch.maximum(m, xb.amax(-1, keepdim=True))
-            l_i = torch.exp(m - _guard(m_new)) * l_i + torch.exp(xb - _guard(m_new)).sum(-1, True)
-            m = m_new
-        out = torch.cat([torch.exp(x[..., j:j + block] - _guard(m))
-                         for j in range(0, x.shape[-1], block)], -1)
-        return out / l_i.masked_fill(l_i == 0, 1.0)
-    ok, text = run("ch09.online_softmax", blocks_twice, seed=seed)
-    assert ok, text
-
-
 def test_the_tiled_forward_is_the_chapters_build_exercise():
     assert exercises.get("ch09.tiled_attention").build
 
@@ -354,46 +301,300 @@ def test_the_reference_equals_attention_ref_on_every_case():
 
 
 # --------------------------------------------------------------------------- ch09.online_softmax
-def os_float32_state(x, block):  # float64 input, running state kept in float32
-    m = torch.full(x.shape[:-1] + (1,), NEG_INF)
-    l_i = torch.zeros_like(m)
-    for j in range(0, x.shape[-1], block):
-        xb = x[..., j:j + block].float()
-        m_new = torch.maximum(m, xb.amax(-1, keepdim=True))
-        safe = m_new.masked_fill(torch.isneginf(m_new), 0.0)
-        l_i = torch.exp(m - safe) * l_i + torch.exp(xb - safe).sum(-1, keepdim=True)
-        m = m_new
-    safe = m.masked_fill(torch.isneginf(m), 0.0).to(x.dtype)
-    return torch.exp(x - safe) / l_i.masked_fill(l_i == 0, 1.0).to(x.dtype)
+# The reader gets x's column blocks as a one-shot stream and returns the row normaliser (m, l).
+def _g(m):
+    return m.masked_fill(torch.isneginf(m), 0.0)
 
 
-def os_minus_1e9(x, block):  # -inf replaced by -1e9: an all -inf row becomes uniform
-    x = x.masked_fill(torch.isneginf(x), -1e9)
-    m = torch.full(x.shape[:-1] + (1,), -1e9, dtype=x.dtype)
-    l_i = torch.zeros_like(m)
-    for j in range(0, x.shape[-1], block):
-        xb = x[..., j:j + block]
-        m_new = torch.maximum(m, xb.amax(-1, keepdim=True))
-        l_i = torch.exp(m - m_new) * l_i + torch.exp(xb - m_new).sum(-1, keepdim=True)
-        m = m_new
-    return torch.exp(x - m) / l_i
+def _step(m, l_i, x_j):
+    m_new = x_j.amax(-1) if m is None else torch.maximum(m, x_j.amax(-1))
+    l_old = 0.0 if l_i is None else torch.exp(m - _g(m_new)) * l_i
+    return m_new, l_old + torch.exp(x_j - _g(m_new)[..., None]).sum(-1)
 
 
-def test_a_float32_running_state_is_not_blamed_on_the_last_block():
+def os_one_pass(x_blocks):  # a correct answer written independently of the solution
+    m = l_i = None
+    for x_j in x_blocks:
+        m, l_i = _step(m, l_i, x_j)
+    return m, l_i
+
+
+def _two_pass(blocks):  # the row's max over every block, then the sum: correct numbers
+    m = None
+    for x_j in blocks:
+        m = x_j.amax(-1) if m is None else torch.maximum(m, x_j.amax(-1))
+    l_i = 0
+    for x_j in blocks:
+        l_i = l_i + torch.exp(x_j - _g(m)[..., None]).sum(-1)
+    return m, l_i
+
+
+def os_two_pass_list(x_blocks):  # the blocks materialised into a list, read twice
+    return _two_pass(list(x_blocks))
+
+
+def os_two_pass_iterated_twice(x_blocks):  # the stream iterated twice
+    return _two_pass(x_blocks)
+
+
+def os_two_pass_on_copies(x_blocks):  # private copies kept, read twice
+    return _two_pass([x_j.clone() for x_j in x_blocks])
+
+
+def os_two_pass_on_views(x_blocks):  # views of the blocks kept (the block objects let go)
+    return _two_pass([x_j[..., :] for x_j in x_blocks])
+
+
+def os_concatenated(x_blocks):  # the blocks put back into whole rows
+    x = torch.cat([x_j.clone() for x_j in x_blocks], -1)
+    m = x.amax(-1)
+    return m, torch.exp(x - _g(m)[..., None]).sum(-1)
+
+
+def os_grown_row(x_blocks):  # a row grown block by block, no block kept
+    row = None
+    for x_j in x_blocks:
+        row = x_j.clone() if row is None else torch.cat([row, x_j], -1)
+    m = row.amax(-1)
+    return m, torch.exp(row - _g(m)[..., None]).sum(-1)
+
+
+def os_tolist(x_blocks):  # the blocks turned into Python lists, then two passes in Python
+    rows = None
+    for x_j in x_blocks:
+        part = x_j.reshape(-1, x_j.shape[-1]).tolist()
+        rows = part if rows is None else [a + b for a, b in zip(rows, part)]
+    ms = [max(r) for r in rows]
+    ls = [sum(math.exp(v - (0.0 if m == NEG_INF else m)) for v in r) for r, m in zip(rows, ms)]
+    return torch.tensor(ms), torch.tensor(ls)
+
+
+def os_item(x_blocks):  # the numbers read one by one with float(...)
+    vals = []
+    for x_j in x_blocks:
+        flat = x_j.reshape(-1, x_j.shape[-1])
+        vals.append([[float(flat[i, c]) for c in range(flat.shape[1])] for i in range(len(flat))])
+    return os_tolist([torch.tensor(v) for v in vals])
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_correct_one_pass_answer_passes(seed):
+    ok, text = run("ch09.online_softmax", os_one_pass, seed=seed)
+    assert ok, text
+
+
+def test_the_stream_refuses_a_second_pass():
+    from attnbook.exercises.online import _stream
+    case = exercises.get("ch09.online_softmax").cases(0)[0]
+    stream = _stream(case.args[0])
+    assert len(list(stream)) == len(case.args[0].blocks)
+    with pytest.raises(RuntimeError, match="x_blocks 只能遍历一次"):
+        iter(stream).__next__()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("fn,exc,words", [
+    (os_two_pass_iterated_twice, "RuntimeError", ["只看一遍", "两遍扫描"]),
+    (os_two_pass_list, "KeptTiles", ["只看一遍", "两遍扫描"]),
+    (os_two_pass_on_copies, "KeptTiles", ["只看一遍", "和N无关"]),
+    (os_two_pass_on_views, "KeptTiles", ["只看一遍", "和N无关"]),
+    (os_concatenated, "WholeRow", ["拼回整行"]),
+    (os_grown_row, "WholeRow", ["拼回整行"]),
+    (os_tolist, "不许用的Tensor.tolist", []),
+    (os_item, "不许用的float(张量)", []),
+], ids=lambda x: getattr(x, "__name__", str(x)))
+def test_a_second_pass_in_any_disguise_is_refused(fn, exc, words, seed):
+    ok, text = run("ch09.online_softmax", fn, seed=seed)
+    assert ok is False and exc in "".join(text.split()), text
+    for word in words:
+        assert word in hint(text), text
+
+
+def test_copies_kept_for_later_are_refused_only_by_the_long_stream():
+    ok, text = run("ch09.online_softmax", os_two_pass_on_copies)
+    assert ok is False and "很长的一行" in text and "字节" in text, text
+
+
+def test_printing_a_block_is_not_taken_for_python_numbers(capsys):
+    def printing(x_blocks):
+        m = l_i = None
+        for x_j in x_blocks:
+            print(x_j, f"{x_j.amax()}")
+            m, l_i = _step(m, l_i, x_j)
+        return m, l_i
+    ok, text = run("ch09.online_softmax", printing)
+    assert ok, text
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_correct_but_unusual_online_answers_pass(seed):
+    def keepdim_then_squeeze(x_blocks):  # (..., 1) state, where-guards, squeezed at the end
+        m = l_i = None
+        for x_j in x_blocks:
+            if m is None:
+                m = torch.full_like(x_j[..., :1], NEG_INF)
+                l_i = torch.zeros_like(m)
+            m_new = torch.maximum(m, x_j.amax(-1, keepdim=True))
+            ref = torch.where(m_new == NEG_INF, torch.zeros_like(m_new), m_new)
+            l_i = l_i * torch.exp(m - ref) + torch.exp(x_j - ref).sum(-1, keepdim=True)
+            m = m_new
+        return m.squeeze(-1), l_i.squeeze(-1)
+
+    def merge_block_pairs(x_blocks):  # each block's own (m_j, l_j), merged into the running pair
+        m = l_i = None
+        for x_j in x_blocks:
+            m_j = x_j.amax(-1)
+            l_j = torch.exp(x_j - _g(m_j)[..., None]).sum(-1)
+            if m is None:
+                m, l_i = m_j, l_j
+                continue
+            m_new = torch.maximum(m, m_j)
+            l_i = l_i * torch.exp(m - _g(m_new)) + l_j * torch.exp(m_j - _g(m_new))
+            m = m_new
+        return m, l_i
+
+    def lookahead(x_blocks):  # one block behind, the last one handled after the loop
+        m = l_i = prev = None
+        for x_j in x_blocks:
+            if prev is not None:
+                m, l_i = _step(m, l_i, prev)
+            prev = x_j
+        return _step(m, l_i, prev)
+
+    def column_by_column(x_blocks):  # eq. online one column at a time inside each block
+        m = l_i = None
+        for x_j in x_blocks:
+            for c in range(x_j.shape[-1]):
+                m, l_i = _step(m, l_i, x_j[..., c:c + 1])
+        return m, l_i
+
+    for fn in (keepdim_then_squeeze, merge_block_pairs, lookahead, column_by_column):
+        ok, text = run("ch09.online_softmax", fn, seed=seed)
+        assert ok, f"{fn.__name__}: {text}"
+
+
+def test_the_solution_is_the_exact_normaliser_on_every_case():
+    from attnbook.exercises.online import _stream
+    ex = exercises.get("ch09.online_softmax")
+    for seed in SEEDS:
+        for case in ex.cases(seed):
+            x = case.args[0].full().double()
+            m = x.amax(-1)
+            l_i = torch.exp(x - _g(m)[..., None]).sum(-1)
+            assert bool((torch.isneginf(m) == (l_i == 0)).all())  # all -inf rows: (-inf, 0)
+            got_m, got_l = ex.solution(_stream(case.args[0], torch.float64))
+            assert not got_m.isnan().any() and not got_l.isnan().any()
+            torch.testing.assert_close(got_m, m, rtol=0, atol=0)
+            torch.testing.assert_close(got_l, l_i, rtol=1e-12, atol=1e-12)
+
+
+def test_the_hidden_cases_cover_what_the_exercise_promises():
+    ex = exercises.get("ch09.online_softmax")
+    for seed in SEEDS:
+        cases = ex.cases(seed)
+        blocks = [c.args[0] for c in cases]
+        widths = [[b.shape[-1] for b in xb.blocks] for xb in blocks]
+        assert any(len(w) > 1 and w[-1] < w[0] for w in widths)        # a ragged last block
+        assert any(set(w) == {1} and len(w) > 1 for w in widths)       # block = 1
+        assert any(len(w) == 1 for w in widths)                        # one block, the whole row
+        assert any(len(set(w[:-1])) > 1 for w in widths)               # widths that differ
+        assert any(xb.meta.long and len(xb.blocks) > 50 for xb in blocks)
+        full = [xb.full() for xb in blocks]
+        assert any(bool(torch.isneginf(x).all(-1).any()) for x in full)  # all -inf rows
+        assert any(x.dtype == torch.float32 and float(x.max()) < -100 for x in full)
+        assert any(x.dtype == torch.float32 and float(x.abs().max()) > 150 for x in full)
+        # a row whose max is in the last block; a first block below everything after it
+        assert any(bool((xb.blocks[-1].amax(-1) > xb.full()[..., :-xb.blocks[-1].shape[-1]]
+                         .amax(-1)).any()) for xb in blocks if len(xb.blocks) > 1)
+        assert any(bool((xb.blocks[0].amax(-1) < xb.full()[..., xb.blocks[0].shape[-1]:]
+                         .amin(-1)).all()) for xb in blocks if len(xb.blocks) > 1)
+    assert [c.args[0].n() for c in ex.cases(0)] != [c.args[0].n() for c in ex.cases(1)]
+
+
+# Each gallery hint names its own mistake and none of the others' (the words below are the
+# mistakes' own; tests/lib/exercise_symptoms/ch09.py lists what each hint must contain).
+_OWN = {"running_max_starts_at_zero": "从−inf开始", "sum_not_rescaled": "之前累加的l",
+        "rescaled_the_wrong_way": "方向反了", "sum_of_exp_x_without_m": "没有减去m",
+        "max_of_the_first_block_only": "只取了第一块的最大值",
+        "max_not_carried_over": "最后一块自己的最大值", "last_block_dropped": "最后一块没有算进去",
+        "nan_when_a_block_is_all_minus_inf": "NaN"}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("bug", sorted(_OWN))
+def test_each_online_hint_fires_for_its_bug_only(bug, seed):
+    ok, text = run("ch09.online_softmax", exercises.get("ch09.online_softmax").bugs[bug], seed=seed)
+    h = hint(text)
+    assert ok is False and _OWN[bug] in h, text
+    others = [w for b, w in _OWN.items() if b != bug and w in h]
+    assert not others, f"{bug}'s hint also names {others}:\n{text}"
+
+
+def os_float32_state(x_blocks):  # float64 blocks, running state kept in float32
+    m = l_i = None
+    for x_j in x_blocks:
+        m, l_i = _step(m, l_i, x_j.float())
+    return m.double(), l_i.double()
+
+
+def os_minus_1e9(x_blocks):  # -inf replaced by -1e9: an all -inf row gets m = -1e9, l = N
+    m = l_i = None
+    for x_j in x_blocks:
+        m, l_i = _step(m, l_i, x_j.masked_fill(torch.isneginf(x_j), -1e9))
+    return m, l_i
+
+
+def os_keepdim(x_blocks):  # m, l returned as (..., 1)
+    m, l_i = os_one_pass(x_blocks)
+    return m[..., None], l_i[..., None]
+
+
+def os_lse(x_blocks):  # returns (m, lse) instead of (m, l)
+    m, l_i = os_one_pass(x_blocks)
+    return m, _g(m) + torch.log(l_i)
+
+
+def test_a_float32_running_state_gets_the_precision_hint():
     ok, text = run("ch09.online_softmax", os_float32_state)
-    assert ok is False and "最后一块" not in hint(text), text
+    assert ok is False and "float32" in hint(text) and "最后一块" not in hint(text), text
 
 
 def test_minus_1e9_for_minus_inf_is_named():
     ok, text = run("ch09.online_softmax", os_minus_1e9)
-    assert ok is False and "−1e9" in hint(text) and "均匀" in hint(text), text
+    assert ok is False and "−1e9" in hint(text) and "m=−inf、l=0" in hint(text), text
+
+
+def test_stats_with_a_last_axis_are_named():
+    ok, text = run("ch09.online_softmax", os_keepdim)
+    assert ok is False and "x.shape[:-1]" in hint(text) and "keepdim" in hint(text), text
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_softmax_with_nan_to_num_is_ruled_out(seed):
-    ok, text = run("ch09.online_softmax", lambda x, block: torch.softmax(x, -1).nan_to_num(0.0),
-                   seed=seed)
-    assert ok is False and "torch.softmax" in text and "不许" in text, text
+def test_lse_instead_of_l_is_rejected(seed):
+    ok, text = run("ch09.online_softmax", os_lse, seed=seed)
+    assert ok is False and "`l`" in text, text
+
+
+@pytest.mark.parametrize("fn,word", [
+    (lambda x_blocks: _merge_lse(x_blocks, torch.logsumexp), "torch.logsumexp"),
+    (lambda x_blocks: _merge_lse(x_blocks, lambda t, d: t.logsumexp(d)), "Tensor.logsumexp"),
+    (lambda x_blocks: _merge_lse(x_blocks, lambda t, d: torch.ops.aten.logsumexp(t, [d])),
+     "logsumexp"),
+    (lambda x_blocks: _merge_lse(x_blocks, lambda t, d: torch.log(
+        1 / torch.softmax(t, d).amax(d)) + t.amax(d)), "torch.softmax")],
+    ids=["logsumexp", "Tensor.logsumexp", "aten.logsumexp", "softmax"])
+def test_torchs_one_call_normalisers_are_ruled_out_per_block(fn, word):
+    ok, text = run("ch09.online_softmax", fn)
+    assert ok is False and "不许" in text and word in text, text
+
+
+def _merge_lse(x_blocks, lse_of):  # each block's lse by a torch call, merged: right numbers
+    m = lse = None
+    for x_j in x_blocks:
+        lse_j, m_j = lse_of(x_j, -1), x_j.amax(-1)
+        m = m_j if m is None else torch.maximum(m, m_j)
+        lse = lse_j if lse is None else torch.logaddexp(lse, lse_j)
+    return m, torch.exp(lse - _g(m))
 
 
 # --------------------------------------------------------------------------- ch09.merge_partial

@@ -1,5 +1,6 @@
 """What each exercise rules out: the library's own implementation and torch's one-call
-equivalent of the step the exercise teaches (the exercise's ``solution`` is always ruled out).
+equivalent of the step the exercise teaches (the exercise's ``solution`` is always ruled out);
+for chapter 09's streamed exercises, also the ways out of torch into Python numbers.
 
 ``check`` records these calls while the reader's function runs (``_core._call``): a Python
 function is seen by its code (however it was imported), a torch function or Tensor method
@@ -50,6 +51,13 @@ _SOFTMAX = ((torch.softmax, "torch.softmax"), (torch.Tensor.softmax, "Tensor.sof
                                                        "Tensor.log_softmax"),
             (F.log_softmax, "F.log_softmax"), (torch.logsumexp, "torch.logsumexp"),
             (torch.Tensor.logsumexp, "Tensor.logsumexp"), (torch._softmax, "torch._softmax"))
+# Chapter 09's streamed exercises track the tensors the answer keeps (tiled._Watch, _OneShot):
+# turning a block into Python numbers would keep it out of sight, so these ways out are ruled out
+_PY_NUMBERS = ((torch.Tensor.tolist, "Tensor.tolist"), (torch.Tensor.item, "Tensor.item"),
+               (torch.Tensor.numpy, "Tensor.numpy"), (torch.Tensor.__array__, "numpy.asarray(张量)"),
+               (torch.Tensor.__float__, "float(张量)"), (torch.Tensor.__int__, "int(张量)"),
+               (torch.Tensor.__index__, "operator.index(张量)"),
+               (torch.Tensor.__complex__, "complex(张量)"))
 _LAYER_NORM = ((F.layer_norm, "F.layer_norm"), (torch.layer_norm, "torch.layer_norm"),
                (torch.native_layer_norm, "torch.native_layer_norm"))
 
@@ -88,7 +96,8 @@ OFF_LIMITS = {
                       (F.rms_norm, "F.rms_norm"), (torch.rms_norm, "torch.rms_norm")),
     "ch08.residual_block": ((layers.ResidualBlock.forward, "attnbook.layers.ResidualBlock"),),
     "ch09.online_softmax": ((flash.online_softmax, "attnbook.flash.online_softmax"),
-                            (reference.masked_softmax, "attnbook.masked_softmax"), *_SOFTMAX),
+                            (reference.masked_softmax, "attnbook.masked_softmax"), *_SOFTMAX,
+                            *_PY_NUMBERS),
     "ch09.merge_partial": ((reference.attention_ref, "attnbook.attention_ref"),),
     "ch09.attention_backward": ((flash.attention_tiled, "attnbook.flash.attention_tiled"),),
     "ch10.smoothed_cross_entropy": (

@@ -1,155 +1,217 @@
-"""Chapter 09's exercise ``ch09.online_softmax``: softmax in one pass over blocks of columns.
+"""Chapter 09's exercise ``ch09.online_softmax``: the softmax normaliser of a row in one pass
+over blocks of its columns that stream by once.
 
-The reader keeps a running max ``m_i`` and sum ``l_i`` per row: ``m' = max(m, rowmax(x_b))``,
-``l' = exp(m - m') * l + rowsum(exp(x_b - m'))``, then ``softmax(x) = exp(x - m) / l``. The
-classic bugs forget to rescale the old sum when the max grows, rescale the wrong way, get NaN
-when a whole block (or row) is -inf (``exp(-inf - (-inf))``), drop the last, partial block, or
-write each block's ``exp(x_b - m)`` as they go and rescale the sum but not those outputs. The
-hints name each; the dropped-last-block hint only where N is not a multiple of ``block``, a
-rounding-sized error is left to the precision hint (a float32 running state), and an all
--inf row answered with 1/N is told that -inf was replaced by a large negative number.
+``online_softmax(x_blocks)`` -> ``(m, l)``: ``x_blocks`` yields, once, the column blocks
+``x_j`` of ``x`` (shape ``(..., B_j)``; the widths may differ, the last is often shorter).
+The reader keeps, per row, the running max ``m`` and the running sum ``l`` of ``exp(x - m)``:
+``m' = max(m, rowmax(x_j))``, ``l' = exp(m - m') * l + rowsum(exp(x_j - m'))`` (eq.
+eq-ch09-online), and returns them, shape ``x.shape[:-1]``: ``m`` the row's max and ``l`` in
+``[1, N]``, so ``softmax(x) = exp(x - m) / l`` in a second, elementwise pass that needs nothing
+else. A row that is all ``-inf`` (fully masked) has ``m = -inf`` and ``l = 0`` (nothing NaN).
+The pair is asked for, not ``lse = m + log l``: the rescaling of ``l`` by ``exp(m - m')`` is
+the lesson, and an ``l`` kept relative to a wrong reference shows in it.
 
-A reduction over a whole row wider than ``block`` while the answer runs (``x.amax(-1)``,
-``x.max()``, a sum, a sort, a matrix product with a ones vector) is refused as ``WholeRow``: the
-two-pass softmax (the row's max first, then the sum) is not the lesson. A two-pass answer that
-reduces only column slices no wider than ``block`` is not seen.
+The method is checked with chapter 09's stream machinery (``tiled``): the blocks come through
+a one-shot iterator (a second pass is refused); a block still referenced when the block after
+next arrives is refused (``KeptTiles``); so is any intermediate as large as the whole of ``x``
+(the blocks concatenated back into rows, ``WholeRow``), and, on a long stream, a peak of live
+memory that grows with ``N`` (private copies of the blocks kept for a later pass). Turning a
+block into Python numbers (``.tolist()``, ``.item()``, ``float(...)``, ``.numpy()``), which
+would escape that tracking, is ruled out by name (``_offlimits``). The classic bugs start the running
+max at 0, forget to rescale ``l`` when the max grows, rescale the wrong way, sum ``exp(x)``
+without subtracting ``m``, keep the first block's max, replace the max by each block's own
+max, drop the last block (a loop one block behind), or get NaN from ``exp(-inf - (-inf))``
+on a block (or row) that is all ``-inf``.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from torch.utils._python_dispatch import TorchDispatchMode
-
-from ..flash import online_softmax as _lib_online_softmax
-from ._core import OUT, Case, Exercise, register
+from ._core import Case, Exercise, register
 from ._report import close
+from .tiled import KeptTiles, _kept, _OneShot, _Watch
 
 NEG_INF = float("-inf")
-_A = torch.ops.aten
-# reductions (and contractions) that read a whole row at once: over the last axis, wider than block
-_REDUCE = {_A.amax, _A.amin, _A.max, _A.min, _A.sum, _A.mean, _A.logsumexp, _A._softmax,
-           _A._log_softmax, _A.prod, _A.linalg_vector_norm, _A.norm, _A.var, _A.std, _A.cumsum,
-           _A.logcumsumexp, _A.sort, _A.topk, _A.argmax, _A.aminmax, _A.nansum,
-           _A.special_logsumexp}
-_CONTRACT = {_A.mm: 0, _A.bmm: 0, _A.mv: 0, _A.dot: 0, _A.addmm: 1, _A.baddbmm: 1, _A.addmv: 1,
-             _A.vdot: 0}
+
+
+# --------------------------------------------------------------------------- the block stream
+@dataclass(frozen=True)
+class _Meta:
+    long: bool = False  # a long stream: the answer's live memory is bounded too
+
+
+class XBlocks(tuple):
+    """The hidden column blocks of one case: the tensors ``x_j`` (``(..., B_j)``), then a
+    ``_Meta``. A tuple, so that ``check`` copies and casts the blocks like any argument and
+    judges the answer's dtype by theirs; ``check`` hands the answer a one-shot iterator."""
+
+    def __new__(cls, items=()):
+        return super().__new__(cls, tuple(items))
+
+    @property
+    def blocks(self) -> tuple:
+        return tuple(t for t in self if isinstance(t, torch.Tensor))
+
+    @property
+    def meta(self) -> _Meta:
+        return next((t for t in self if isinstance(t, _Meta)), _Meta())
+
+    @property
+    def tiles(self) -> tuple:  # what _OneShot iterates
+        return tuple((b,) for b in self.blocks)
+
+    def n(self) -> int:
+        return sum(b.shape[-1] for b in self.blocks)
+
+    def full(self) -> torch.Tensor:
+        """The blocks concatenated (for the references and the hints)."""
+        return torch.cat(self.blocks, -1)
+
+    def __repr__(self):
+        bl = self.blocks
+        widths = [b.shape[-1] for b in bl]
+        lead = ", ".join(str(s) for s in bl[0].shape[:-1])
+        if len(widths) > 6 and len(set(widths[:-1])) == 1:
+            w = f"前 {len(widths) - 1} 块各 {widths[0]} 列，最后一块 {widths[-1]} 列"
+        else:
+            w = "各块的列数 " + "、".join(str(b) for b in widths)
+        return (f"{len(bl)} 块（{w}；x_j 形状 ({lead}, B_j)，"
+                f"{str(bl[0].dtype).replace('torch.', '')}）")
+
+
+def _stream(blocks, dtype=None) -> _OneShot:
+    dtype = dtype if dtype is not None else blocks.blocks[0].dtype
+    return _OneShot(blocks, dtype, name="x_blocks", noun="x 的列块", what="x_j", single=True)
 
 
 class WholeRow(Exception):
-    """The answer reduced a whole row (wider than ``block``) at once."""
+    """The answer built a tensor as large as the whole of ``x`` (the blocks put back together)."""
 
 
-class _RowWatch(TorchDispatchMode):
-    """Records the first reduction over the last axis of a tensor wider than ``block``."""
+class _RowWatch(_Watch):
+    """chapter 09's dispatch watch (memory, peak), its size rule replaced: any result with as
+    many elements as all of ``x`` (only where there are several blocks)."""
 
-    def __init__(self, block: int):
-        super().__init__()
-        self.block, self.seen = block, None
+    def __init__(self, rows: int, n: int, several: bool):
+        super().__init__(1, rows, n)
+        self.several = several
 
-    def _wide(self, func, args, kwargs) -> bool:
-        packet = getattr(func, "overloadpacket", None)
-        if packet in _CONTRACT:
-            t = args[_CONTRACT[packet]] if len(args) > _CONTRACT[packet] else None
-            return isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[-1] > self.block
-        if packet not in _REDUCE or not args or not isinstance(args[0], torch.Tensor):
-            return False
-        t = args[0]
-        if t.dim() == 0 or t.shape[-1] <= self.block:
-            return False
-        if packet is _A.topk:  # topk(x, k, dim=-1)
-            dims = kwargs.get("dim", args[2] if len(args) > 2 else -1)
-        else:
-            dims = kwargs.get("dim", args[1] if len(args) > 1 else None)
-            if packet is _A.sort and dims is None:
-                dims = -1
-        if dims is None or isinstance(dims, (list, tuple)) and len(dims) == 0:
-            return True  # a reduction over everything
-        if not isinstance(dims, (list, tuple)):
-            dims = [dims]
-        return any(isinstance(d, int) and d % t.dim() == t.dim() - 1 for d in dims)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if self.seen is None and self._wide(func, args, kwargs):
-            self.seen = (str(getattr(func, "overloadpacket", func)).replace("aten.", ""),
-                         tuple(args[0].shape) if isinstance(args[0], torch.Tensor) else ())
-        return func(*args, **kwargs)
+    def _big(self, t) -> bool:
+        return (self.several and isinstance(t, torch.Tensor) and t.dim() > 0
+                and t.numel() >= self.tq * self.tk)
 
 
 def _run(fn, args, kwargs):
-    x, block = args[0], args[1]
-    watch = _RowWatch(int(block))
+    blocks = args[0]
+    bl = blocks.blocks
+    rows = bl[0][..., 0].numel()
+    watch = _RowWatch(rows, blocks.n(), len(bl) > 1)
     with watch:
-        ret = fn(*args, **kwargs)
+        stream = _stream(blocks)
+        ret = fn(stream, *args[1:], **kwargs)
     if watch.seen is not None:
         name, shape = watch.seen
-        raise WholeRow(f"{name} 一次归约了形状 {shape} 的张量的整行（{shape[-1] if shape else '?'} "
-                       f"列，而 block = {block}）")
-    return ret, {OUT: ret}
+        raise WholeRow(f"{name} 得到了形状 {shape} 的张量：它和整个 x（{rows} 行 × "
+                       f"{blocks.n()} 列）一样多")
+    _kept(stream)
+    if blocks.meta.long and fn is not online_softmax:
+        _memory_bound(watch.peak, blocks)
+    if isinstance(ret, (tuple, list)) and len(ret) == 2:
+        return ret, {"m": ret[0], "l": ret[1]}
+    return ret, {"m": ret}
 
 
-def online_softmax(x, block):
-    """Softmax over the last dim, statistics gathered ``block`` columns at a time (chapter 09)."""
-    return _lib_online_softmax(x, block=block)
+def _memory_bound(peak: int, blocks) -> None:
+    """On a long stream, refuse a peak of live memory above twice the one-pass algorithm's own
+    plus a quarter of x: the blocks (or copies of them) kept for a later pass."""
+    ref = _Watch(1, 1, 1)  # sizes unused: only its memory is read
+    with ref:
+        online_softmax(_stream(blocks))
+    size = sum(b.numel() for b in blocks.blocks) * blocks.blocks[0].element_size()
+    if peak > 2 * ref.peak + size // 4:
+        raise KeptTiles(f"你的函数同时占着 {peak} 字节的张量；一块一块地算只需要约 {ref.peak} "
+                        f"字节，而整个 x（N = {blocks.n()} 列）是 {size} 字节")
 
 
-def _variant(x, block, *, rescale="right", guard=True, tail=True):
-    """The reader's loop, with the choices a bug may get wrong."""
-    m = torch.full(x.shape[:-1] + (1,), NEG_INF, dtype=x.dtype)
-    l_i = torch.zeros_like(m)
-    n = x.shape[-1] if tail else x.shape[-1] - x.shape[-1] % block
-    for j in range(0, n, block):
-        xb = x[..., j:j + block]
-        m_new = torch.maximum(m, xb.amax(-1, keepdim=True))
-        m_use = m_new.masked_fill(m_new == NEG_INF, 0.0) if guard else m_new
-        alpha = {"right": torch.exp(m - m_use), "none": torch.ones_like(m),
-                 "inverted": torch.exp(m_use - m)}[rescale]
-        l_i = alpha * l_i + torch.exp(xb - m_use).sum(-1, keepdim=True)
-        m = m_new
-    m_use = m.masked_fill(m == NEG_INF, 0.0) if guard else m
-    out = torch.exp(x - m_use) / (l_i.masked_fill(l_i == 0, 1.0) if guard else l_i)
-    return out
+# --------------------------------------------------------------------------- reference and bugs
+def _stats(x_blocks, *, m0=NEG_INF, rescale="right", guard=True, centred=True, carry=True,
+           first_only=False, drop_last=False):
+    """The one-pass loop, with the choices a bug may get wrong."""
+    def step(m, l_i, x_j, first):
+        bmax = x_j.amax(-1)
+        if first_only and not first:
+            m_new = m                       # the max stays the first block's
+        elif carry:
+            m_new = torch.maximum(m, bmax)  # m' = max(m, rowmax(x_j))
+        else:
+            m_new = bmax                    # this block's own max only
+        safe = m_new.masked_fill(torch.isneginf(m_new), 0.0) if guard else m_new
+        if rescale == "right":
+            alpha = torch.exp(m - safe)     # <= 1: what was summed so far, rescaled
+        elif rescale == "none":
+            alpha = torch.ones_like(m)
+        else:                               # exp(m' - m), the old m guarded like the new one
+            alpha = torch.exp(safe - m.masked_fill(torch.isneginf(m), 0.0))
+        if centred:
+            l_i = alpha * l_i + torch.exp(x_j - safe[..., None]).sum(-1)
+        else:                               # exp(x) summed as it is
+            l_i = l_i + torch.exp(x_j).sum(-1)
+        return m_new, l_i, False
+
+    m = l_i = held = None
+    first = True
+    for x_j in x_blocks:
+        if m is None:
+            m = torch.full(x_j.shape[:-1], m0, dtype=x_j.dtype)
+            l_i = torch.zeros_like(m)
+        if drop_last:  # one block behind; the block held at the end is never used
+            if held is not None:
+                m, l_i, first = step(m, l_i, held, first)
+            held = x_j
+            continue
+        m, l_i, first = step(m, l_i, x_j, first)
+    return m, l_i
 
 
-def _stale_outputs(x, block):
-    """Each block's exp(x_b - m) is written with the max known at that block; only l is rescaled."""
-    m = torch.full(x.shape[:-1] + (1,), NEG_INF, dtype=x.dtype)
-    l_i = torch.zeros_like(m)
-    out = torch.zeros_like(x)
-    for j in range(0, x.shape[-1], block):
-        xb = x[..., j:j + block]
-        m_new = torch.maximum(m, xb.amax(-1, keepdim=True))
-        m_use = m_new.masked_fill(m_new == NEG_INF, 0.0)
-        l_i = torch.exp(m.masked_fill(m == NEG_INF, 0.0) - m_use) * l_i \
-            + torch.exp(xb - m_use).sum(-1, keepdim=True)
-        out[..., j:j + block] = torch.exp(xb - m_use)  # never rescaled later
-        m = m_new
-    return out / l_i.masked_fill(l_i == 0, 1.0)
+def online_softmax(x_blocks):
+    """The softmax normaliser ``(m, l)`` of each row of x, from its column blocks streamed
+    once (chapter 09): ``m`` the row's max, ``l = sum(exp(x - m))``; an all -inf row: -inf, 0."""
+    return _stats(x_blocks)
 
 
-def _no_rescale(x, block):
-    return _variant(x, block, rescale="none")
-
-
-def _inverted(x, block):
-    return _variant(x, block, rescale="inverted")
-
-
-def _no_guard(x, block):
-    return _variant(x, block, guard=False)
-
-
-def _tail(x, block):
-    return _variant(x, block, tail=False)
+def _bug(**kw):
+    def bug(x_blocks):
+        return _stats(x_blocks, **kw)
+    bug.__name__ = "_" + "_".join(f"{k}_{v}" for k, v in kw.items())
+    return bug
 
 
 BUGS = {
-    "sum_not_rescaled": _no_rescale,
-    "rescaled_the_wrong_way": _inverted,
-    "nan_when_a_block_is_all_minus_inf": _no_guard,
-    "last_partial_block_dropped": _tail,
-    "outputs_not_rescaled": _stale_outputs,
+    "running_max_starts_at_zero": _bug(m0=0.0),
+    "sum_not_rescaled": _bug(rescale="none"),
+    "rescaled_the_wrong_way": _bug(rescale="inverted"),
+    "sum_of_exp_x_without_m": _bug(centred=False),
+    "max_of_the_first_block_only": _bug(first_only=True),
+    "max_not_carried_over": _bug(carry=False),
+    "last_block_dropped": _bug(drop_last=True),
+    "nan_when_a_block_is_all_minus_inf": _bug(guard=False),
 }
+
+
+# --------------------------------------------------------------------------- hidden cases
+def _split(x, widths, long=False) -> XBlocks:
+    out, j = [], 0
+    for w in widths:
+        out.append(x[..., j:j + w].clone())  # each block its own storage
+        j += w
+    assert j == x.shape[-1]
+    return XBlocks([*out, _Meta(long)])
+
+
+def _uniform(n, block):
+    return [min(block, n - j) for j in range(0, n, block)]
 
 
 def _cases(g):
@@ -159,82 +221,179 @@ def _cases(g):
     def pick(lo, hi):
         return int(torch.randint(lo, hi + 1, (1,), generator=g))
 
+    cases = []
+    # 1: N a multiple of the width; the max grows block by block, row 0's max in the last block
     b1 = pick(2, 3)
-    n1 = b1 * pick(3, 4)                                  # a multiple of the block
-    ramp = r(2, n1) + torch.linspace(0, 6, n1, dtype=torch.float64)  # the max grows block by block
+    n1 = b1 * pick(3, 4)
+    ramp = r(2, n1) + torch.linspace(0, 6, n1, dtype=torch.float64)
+    ramp[0, -1] = ramp[0].max() + 1.0
+    cases.append(Case("N 是块宽的整数倍，最大值逐块变大", (_split(ramp, _uniform(n1, b1)),),
+                      note=f"N = {n1}，每块 {b1} 列：第 0 行的最大值在最后一块。"))
+    # 2: a ragged last block that holds row 1's max
     b2 = pick(3, 4)
-    n2 = b2 * pick(2, 3) + pick(1, b2 - 1)                # not a multiple: a partial last block
-    first_masked = r(3, 6)
-    first_masked[:, :2] = NEG_INF
-    first_masked[2] = NEG_INF
+    n2 = b2 * pick(2, 3) + pick(1, b2 - 1)
+    x2 = r(3, n2)
+    x2[1, -1] = x2[1].max() + 2.0
+    cases.append(Case("N 不是块宽的整数倍", (_split(x2, _uniform(n2, b2)),),
+                      note=f"N = {n2}，每块 {b2} 列：最后一块只有 {n2 % b2} 列，"
+                           "第 1 行的最大值就在这一块里。"))
+    # 3: the first block below everything that follows (its max is not the row's)
+    b3 = pick(2, 4)
+    n3 = b3 * pick(2, 3) + pick(0, 1)
+    x3 = r(2, n3)
+    x3[:, :b3] = x3[:, b3:].amin(-1, keepdim=True) - 1.0 - r(2, b3).abs()
+    cases.append(Case("第一块比后面的数都小", (_split(x3, _uniform(n3, b3)),),
+                      note=f"N = {n3}，每块 {b3} 列：第一块的每个数都小于后面的任何一个数。"))
+    # 4: masked: a fully masked first block, rows that are entirely -inf
+    x4 = r(4, 7)
+    x4[0, :2] = NEG_INF
+    x4[1] = NEG_INF
+    x4[2, :6] = NEG_INF   # only the last column is left
+    x4[3] = NEG_INF
+    cases.append(Case("−inf：第一块全被屏蔽，有的行整行被屏蔽", (_split(x4, _uniform(7, 2)),),
+                      note="N = 7，每块 2 列；第 0 行的第一块全是 −inf，第 2 行只剩最后一列，"
+                           "第 1、3 行整行都是 −inf（约定 m = −inf、l = 0）。",
+                      tags=frozenset({"masked"})))
+    # 5: block = 1
     n5 = pick(4, 7)
+    cases.append(Case("每块 1 列", (_split(r(2, n5), [1] * n5),), note=f"N = {n5}。"))
+    # 6: one block wider than... the whole row: a single block
+    n6 = pick(4, 7)
+    cases.append(Case("只有一块（块比行还宽）", (_split(r(2, n6), [n6]),),
+                      note=f"N = {n6}：整行在唯一的一块里。"))
+    # 7: widths that differ from block to block
+    widths = [pick(1, 4) for _ in range(pick(3, 5))]
+    x7 = r(3, sum(widths), scale=2.0)
+    cases.append(Case("各块的列数不同", (_split(x7, widths),),
+                      note="块的宽度各不相同：不要假定每块一样宽。"))
+    # 8: float32, rows at very different scales
     big = float(torch.empty(1).uniform_(60.0, 150.0, generator=g))
-    return [
-        Case("N 是 block 的整数倍，最大值逐块变大", (ramp, b1),
-             note=f"N = {n1}，block = {b1}：{n1 // b1} 块。"),
-        Case("N 不是 block 的整数倍", (r(3, n2), b2),
-             note=f"N = {n2}，block = {b2}：最后一块只有 {n2 % b2} 列。"),
-        Case("第一块全是 −inf，最后一行整行是 −inf", (first_masked, 2),
-             note="x[:, :2] 是 −inf（例如被屏蔽的键）；x[2] 整行是 −inf，应输出 0。",
-             tags=frozenset({"masked"})),
-        Case("block = 1", (r(2, n5), 1)),
-        Case("block 比 N 大", (r(2, n5), n5 + pick(1, 4)), note="只有一块。"),
-        Case("分数很大（float32），行的尺度各不相同",
-             (r(3, 9, scale=big).float() * torch.tensor([[1.0], [0.01], [3.0]]), 4),
-             note=f"第 0 行的分数可达 ±{2 * big:.0f} 左右，第 1 行只有它的百分之一。"),
-        Case("整行都是很大的负数（float32）", (_negative_rows(g), 3),
-             note="每一行的分数都在 −200 附近（没有一个是正的）：运行中的最大值要从 −inf 开始。",
-             tags=frozenset({"negative"})),
-    ]
+    x8 = (r(3, 9, scale=big) * torch.tensor([[1.0], [0.01], [3.0]], dtype=torch.float64)).float()
+    cases.append(Case("分数很大（float32），行的尺度各不相同", (_split(x8, _uniform(9, 4)),),
+                      note=f"第 0 行的分数可达 ±{2 * big:.0f} 左右，第 1 行只有它的百分之一，"
+                           "第 2 行是它的 3 倍。"))
+    # 9: float32, every score far below 0 (a running max started at 0 underflows every exp)
+    n9 = 7 + pick(0, 3)
+    x9 = r(3, n9, scale=5.0) - 200.0
+    x9[1] -= 600.0
+    cases.append(Case("整行都是很大的负数（float32）", (_split(x9.float(), _uniform(n9, 3)),),
+                      note="每一行的分数都在 −200 附近或更小（没有一个是正的）。",
+                      tags=frozenset({"negative"})))
+    # 10: a long stream: memory that grows with N (blocks kept for later) shows
+    b10, n10 = pick(3, 5), pick(300, 400)
+    cases.append(Case("很长的一行", (_split(r(3, n10, scale=3.0), _uniform(n10, b10), long=True),),
+                      note=f"N = {n10}，每块 {b10} 列：一块一块地算时，同时占用的内存和 N 无关。",
+                      tags=frozenset({"long"})))
+    return cases
 
 
-def _negative_rows(g):
-    """float32 rows entirely below -100 (a running max started at 0 underflows every exp)."""
-    n = 7 + int(torch.randint(0, 4, (1,), generator=g))
-    x = torch.randn(3, n, generator=g, dtype=torch.float64) * 5 - 200.0
-    x[1] -= 600.0
-    return x.float()
+def _low_atol(case, dtype) -> float:
+    """float32: l sums N terms each within a few roundings of exact, rescaled once per block
+    (l <= N); m is exact (a max)."""
+    blocks = case.args[0]
+    n, nb = blocks.n(), len(blocks.blocks)
+    return 2 * torch.finfo(dtype).eps * (n + 2 * nb + 4) * max(n, 1)
+
+
+# --------------------------------------------------------------------------- hints
+_TEXT = {
+    "running_max_starts_at_zero": (
+        "运行中的最大值 m 要从 −inf 开始，不是 0：整行都远小于 0 时，从 0 开始的 m 不是这一行的"
+        "最大值，exp(x − 0) 还会全部下溢成 0；整行都是 −inf 时 m 就应是 −inf（换成 0 的 m "
+        "只在做减法时用，不要把它返回）。"),
+    "sum_not_rescaled": (
+        "最大值变大时，之前累加的 l 是相对旧的最大值算的，要先乘以 α = exp(m − m_new) 再加上"
+        "新块：l ← α·l + rowsum(exp(x_j − m_new))。"),
+    "rescaled_the_wrong_way": (
+        "α = exp(m − m_new) ≤ 1（旧的最大值减新的）：你的像是 exp(m_new − m)，方向反了。"),
+    "sum_of_exp_x_without_m": (
+        "l 是相对最大值的和：l = Σ exp(x − m)，每块加的是 rowsum(exp(x_j − m_new))；你的 l 像是 "
+        "Σ exp(x)，没有减去 m（分数一大就溢出成 inf）。"),
+    "max_of_the_first_block_only": (
+        "你的 m 像是只取了第一块的最大值：后面的块可能有更大的数，每来一块都要更新 "
+        "m_new = max(m, rowmax(x_j))，并把 l 乘以 exp(m − m_new)。"),
+    "max_not_carried_over": (
+        "你的 m 像是最后一块自己的最大值：更新要和之前的最大值比较，m_new = max(m, rowmax(x_j))，"
+        "不能只取这一块的 rowmax(x_j)。"),
+    "last_block_dropped": (
+        "最后一块没有算进去：你的 m、l 和只看前面几块的结果一样。每一块（包括最后一块，"
+        "它可能不满）都要更新 m 和 l；如果循环落后一块处理，循环结束后还要处理手里那一块。"),
+}
+
+_NAN_BLOCK = ("一整块都是 −inf 时，m 和这块的最大值都是 −inf，exp(m − m_new) 和 exp(x_j − m_new) 都是 "
+              "exp(−inf − (−inf)) = NaN：m_new 仍是 −inf 时先把它换成 0 再做减法（m 和 l 本身不换）。")
+_NAN_ROW = ("整行都是 −inf 时约定 m = −inf、l = 0，不是 NaN：这一行的每一块都全是 −inf，"
+            "exp(−inf − (−inf)) = NaN；m_new 仍是 −inf 时先把它换成 0 再做减法（m 和 l 本身不换）。")
+
+
+def _alt(bug, f):
+    """A bug's (m, l) on the failing case, in the case's dtype; None if it raised."""
+    blocks = f.case.args[0]
+    try:
+        return bug(_stream(blocks))
+    except Exception:  # noqa: BLE001  (a hint never hides the report)
+        return None
+
+
+def _matches(f, alt) -> bool:
+    """Whether the answer's (m, l) (what it returned) is the bug's, on both outputs if it gave both."""
+    if alt is None:
+        return False
+    ret = f.ret
+    if isinstance(ret, (tuple, list)) and len(ret) == 2:
+        return all(isinstance(g, torch.Tensor) and close(g.detach().double(), a.double())
+                   for g, a in zip(ret, alt))
+    return close(f.got, alt[0 if f.label == "m" else 1])
 
 
 def _hint(f):
-    x, block = f.inputs["x"], f.inputs["block"]
-    if f.kind == "exception" and isinstance(f.exc, WholeRow):
-        return (f"每次只看 block = {block} 列：行的最大值和指数和要一块一块地攒（运行中的 m 和 l），"
-                "不能先对整行求最大值（x.max(-1)、amax）再求和——那是两遍扫描。"
-                "只有最后输出 exp(x − m) / l 这一步可以整行逐元素地算。")
-    if f.kind == "nan" and "masked" in f.case.tags:
-        if bool(torch.isneginf(x[f.index[:-1]]).all()):
-            return "整行都是 −inf 时应该输出 0，而不是 NaN：这时 l = 0，别让 0/0 出现（分母为 0 时换成 1）。"
-        return ("一整块都是 −inf 时，m_i 和这块的最大值都是 −inf，exp(m_i − m_new) = exp(−inf − (−inf)) = NaN："
-                "m_new 仍是 −inf 时先把它换成 0 再做减法。")
-    if f.kind not in ("value", "nan"):
+    if f.kind == "exception":
+        exc = f.exc
+        if isinstance(exc, WholeRow):
+            return ("不要把各块拼回整行（torch.cat、把块存起来再拼）：这一题的行是一块一块流过来的。"
+                    "每来一块，只用这一块更新每行的 m 和 l。")
+        if isinstance(exc, KeptTiles):
+            return ("每块只看一遍、看完就不再需要它：不要把 x_j（或它的副本）存进列表留到后面"
+                    "（先求最大值、再回头求和是两遍扫描）。每来一块就更新 m 和 l，"
+                    "同时占用的内存和 N 无关。")
+        if isinstance(exc, RuntimeError) and "只能遍历一次" in str(exc):
+            return ("在线算法只看一遍：不要先遍历一次求最大值、再遍历一次求和（两遍扫描）。"
+                    "每来一块就更新 m 和 l：最大值变大时把 l 乘以 exp(m − m_new)。")
+        if isinstance(exc, TypeError) and any(w in str(exc) for w in (
+                "subscriptable", "has no len", "_OneShot")):
+            return ("x_blocks 不是张量也不是列表，而是只能遍历一次的迭代器：用 for x_j in x_blocks: "
+                    "一块一块地读，不能取下标、求长度，也不知道一共有几块。")
         return None
-    if "negative" in f.case.tags:
-        return ("整行都是很大的负数时你的结果不对：运行中的最大值 m 要从 −inf 开始"
-                "（torch.full(..., float('-inf'))），不是 0；从 0 开始时 exp(x − 0) 全部下溢成 0。")
-    if close(f.got, _no_rescale(x, block)):
-        return ("最大值变大时，之前累加的和 l_i 是按旧的最大值算的，要先乘以 α = exp(m_i − m_new) 再加上新块："
-                "l_i' = α·l_i + rowsum(exp(x_b − m_new))。")
-    if close(f.got, _inverted(x, block)):
-        return "α = exp(m_i − m_new) ≤ 1（旧的最大值减新的），你的像是 exp(m_new − m_i)：方向反了。"
-    if close(f.got, _stale_outputs(x, block)):
-        return ("l_i 修正了，但前面的块写下的 exp(x_b − m) 用的还是当时的最大值：最大值变大以后，"
-                "它们也要乘以 α = exp(m_i − m_new)（或者最后用最终的 m_i 统一算 exp(x − m_i) / l_i）。")
-    if x.shape[-1] % block != 0 and close(f.got, _tail(x, block)):
-        return (f"N = {x.shape[-1]} 不是 block = {block} 的整数倍时，最后一块不满 block 列，也要算进去："
-                "range(0, N, block)，切片 x[..., j:j + block] 会自动截短。")
-    if "masked" in f.case.tags and f.index is not None:
-        row = f.index[:-1]
-        got = f.got[row].double()
-        if bool(torch.isneginf(x[row]).all()) and bool((got - got.mean()).abs().max() < 1e-9) \
-                and float(got.mean()) > 0:
-            return ("整行都是 −inf 时应输出 0，你的像是均匀分布 1/N：是不是用 −1e9 之类的大负数代替了 "
-                    "−inf？那样整行被屏蔽时 exp(x − m) 全是 1。保留 −inf，只在做减法前把 m 换成 0。")
-    err = float((f.got.double() - f.expected).abs().nan_to_num(0.0).max())
-    if f.kind == "value" and err < 1e-5:
+    if f.kind == "shape" and isinstance(f.got, torch.Tensor) \
+            and tuple(f.got.shape) == tuple(f.expected.shape) + (1,):
+        return (f"m 和 l 每行一个数，形状是 x.shape[:-1]，这里是 {tuple(f.expected.shape)}："
+                "用 amax(-1)、sum(-1)（不带 keepdim），或者返回前 .squeeze(-1)。")
+    if f.kind not in ("value", "nan", "inf"):
+        return None
+    blocks = f.case.args[0]
+    x = blocks.full()
+    if f.kind == "nan" and "masked" in f.case.tags and f.index is not None:
+        row = f.index
+        return _NAN_ROW if bool(torch.isneginf(x[row]).all()) else _NAN_BLOCK
+    for name, text in _TEXT.items():
+        if _matches(f, _alt(BUGS[name], f)):
+            return text
+    if f.kind == "value" and f.index is not None and "masked" in f.case.tags \
+            and bool(torch.isneginf(x[f.index]).all()):
+        return ("整行都是 −inf 时约定 m = −inf、l = 0：是不是用 −1e9 之类的大负数代替了 −inf，"
+                "或者把换成 0 的 m 当成了结果？保留 −inf，只在做减法前把 m_new 换成 0。")
+    err = float((f.got.double() - f.expected).abs().nan_to_num(0.0, 0.0, 0.0).max())
+    if f.kind == "value" and err < 1e-5 * max(1.0, float(f.expected.abs().nan_to_num(
+            0.0, 0.0, 0.0).max())):
         return None  # a rounding-sized error: the precision hint (float32 state?) speaks
-    return "对照这一行：每块更新 m_i 和 l_i，最后输出 exp(x − m_i) / l_i。"
+    return ("对照这一行：每来一块 x_j，m_new = max(m, rowmax(x_j))，"
+            "l ← exp(m − m_new)·l + rowsum(exp(x_j − m_new))，m ← m_new；"
+            "最后 m 是整行的最大值，l = Σ exp(x − m)。")
 
 
-register(Exercise("ch09.online_softmax", "分块的在线 softmax", online_softmax, BUGS, _cases,
-                  (_hint,), run=_run))
+# Off limits (_offlimits.OFF_LIMITS): the library's online_softmax and masked_softmax, torch's
+# softmax / log_softmax / logsumexp in every spelling (aten forms included), and the ways out of
+# torch into Python numbers (.tolist(), .item(), float(...), .numpy()).
+
+register(Exercise("ch09.online_softmax", "在线 softmax 的归一化量", online_softmax, BUGS, _cases,
+                  (_hint,), run=_run, low_atol=_low_atol))

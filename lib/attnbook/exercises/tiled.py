@@ -71,29 +71,40 @@ class KVTiles:
 
 
 class _OneShot:
-    """A one-pass iterator over fresh copies of the tiles, in ``dtype``."""
+    """A one-pass iterator over fresh copies of the tiles, floating tensors in ``dtype``.
 
-    def __init__(self, tiles: KVTiles, dtype):
+    Each tile is a tuple of tensors (or None); ``single=True`` yields a tile's only tensor
+    itself (``ch09.online_softmax``'s column blocks). ``name`` is the reader's parameter and
+    ``what`` the tensors of a tile, for the messages."""
+
+    def __init__(self, tiles, dtype, *, name="kv_tiles", noun="键/值块", what="k_j 或 v_j",
+                 single=False):
         self._tiles, self._dtype, self._used = tiles, dtype, False
-        self._refs: list = []  # weak references to the k_j, v_j handed out
+        self.name, self.noun, self.what, self._single = name, noun, what, single
+        self._refs: list = []  # weak references to the floating tensors handed out
         self.kept = None       # the first tile still referenced two tiles later (kept for later)
 
     def _check_kept(self, j: int) -> None:
         if self.kept is None and j >= 0 and any(r() is not None for r in self._refs[j]):
             self.kept = j
 
+    def _copy(self, t):
+        if t is None:
+            return None
+        return t.detach().clone().to(self._dtype) if t.is_floating_point() else t.clone()
+
     def __iter__(self):
         if self._used:
-            raise RuntimeError("kv_tiles 只能遍历一次：键/值块是一块一块流过来的，"
+            raise RuntimeError(f"{self.name} 只能遍历一次：{self.noun}是一块一块流过来的，"
                                "不能回头再读（在线算法只看一遍）。")
         self._used = True
-        for j, (k, v, keep) in enumerate(self._tiles.tiles):
+        for j, tile in enumerate(self._tiles.tiles):
             self._check_kept(j - 2)  # the loop variables may still hold tile j - 1, not j - 2
-            k_j = k.detach().clone().to(self._dtype)
-            v_j = v.detach().clone().to(self._dtype)
-            self._refs.append((weakref.ref(k_j), weakref.ref(v_j)))
-            yield (k_j, v_j, None if keep is None else keep.clone())
-            del k_j, v_j
+            copies = tuple(self._copy(t) for t in tile)
+            self._refs.append(tuple(weakref.ref(t) for t in copies
+                                    if t is not None and t.is_floating_point()))
+            yield copies[0] if self._single else copies
+            del copies
         self._check_kept(len(self._refs) - 2)
 
     def __repr__(self):
@@ -189,7 +200,7 @@ def _kept(stream: _OneShot) -> None:
     """Refuse an answer that still held tile j when tile j + 2 was handed out (or at the end)."""
     if stream.kept is not None:
         raise KeptTiles(f"读到第 {stream.kept + 3} 块时，你的函数还留着第 {stream.kept + 1} 块的 "
-                        "k_j 或 v_j（存进了列表或别的变量）")
+                        f"{stream.what}（存进了列表或别的变量）")
 
 
 def _memory_bound(peak: int, q, tiles) -> None:
