@@ -380,3 +380,22 @@ def test_bptt_complex_step_is_rejected_and_named(seed):
 def test_bptt_with_the_chapters_helpers_passes(seed):
     ok, text = run("ch01.bptt", bptt_chapter_helpers, seed)
     assert ok, text
+
+
+def bptt_in_bfloat16(x, h0, W_xh, W_hh, b, dh):  # wrong: the right algorithm, rounded to bfloat16
+    from attnbook.exercises import bptt_build
+    out = bptt_build._bptt(*(a.to(torch.bfloat16) for a in (x, h0, W_xh, W_hh, b, dh)))
+    return tuple(o.to(x.dtype) for o in out)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_bptt_float32_bound_still_rejects_a_lower_precision_answer(seed):
+    # the float32 case's bound is widened by T + 1 rounding steps (_low_atol): the same algorithm
+    # in bfloat16 (eps 2^-7 instead of 2^-23) must still be far outside it.
+    from attnbook.exercises import bptt_build
+    ex = exercises.get("ch01.bptt")
+    case = [c for c in ex.cases(seed) if "float32" in c.title][0]
+    exact = bptt_build._bptt(*(a.double() for a in case.args))
+    got = bptt_in_bfloat16(*case.args)
+    err = max(float((g.double() - e).abs().max()) for g, e in zip(got, exact))
+    assert err > bptt_build._low_atol(case, torch.float32), err
