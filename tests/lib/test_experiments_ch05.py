@@ -59,6 +59,7 @@ GOOD4 = dict(label=1.0, n_prev=2, n_first=2, n_other=0, lean_min=0.8, free=0, ma
     ("ch05.one_head", GOOD1, dict(label=0.5)),                # one head fails the task
     ("ch05.four_heads", GOOD4, dict(n_other=1, lean_min=0.45)),   # a head without a role
     ("ch05.four_heads", GOOD4, dict(lean_min=0.5)),           # a head exactly on the line
+    ("ch05.four_heads", GOOD4, dict(n_prev=0, n_first=4)),    # one role held by no head
     ("ch05.four_heads", GOOD4, dict(max_cost=0.02)),          # every head free to prune
 ])
 def test_predicates_reject_the_wrong_finding(name, good, wrong):
