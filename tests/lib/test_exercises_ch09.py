@@ -1,8 +1,9 @@
 """Chapter 09's hands-on exercises (attnbook.exercises.online, flashattn, tiled, tiled_bwd),
 beyond what tests/lib/test_exercises.py checks for every exercise: the streamed exercises are
 checked for their method (one pass over the blocks or tiles, no intermediate as large as the
-whole input, the library's loops ruled out by name), wrong answers outside the galleries are rejected over seeds 0-3, correct but unusual
-answers pass, and the hints the reviews found misleading now name the real mistake."""
+whole input, the library's loops ruled out by name), wrong answers outside the galleries
+are rejected over seeds 0-3, correct but unusual answers pass, and the hints the reviews
+found misleading now name the real mistake."""
 import math
 
 import pytest
@@ -298,6 +299,82 @@ def test_the_reference_equals_attention_ref_on_every_case():
             out, lse = ex.solution(q.double(), _OneShot(tiles, torch.float64))
             torch.testing.assert_close(out, want.out, rtol=1e-12, atol=1e-12)
             torch.testing.assert_close(lse, want.lse, rtol=1e-12, atol=1e-12)
+
+
+# Tiles turned into Python lists escape the memory tracking (a list of floats is no tensor):
+# the ways out of torch into Python numbers are ruled out by name in both streamed exercises.
+def _two_passes_over(q, tiles):  # tiles() rebuilds the tiles, one at a time, for each pass
+    c = 1 / math.sqrt(q.shape[-1])
+
+    def scores(k, keep):
+        s = q @ k.transpose(-2, -1) * c
+        return s if keep is None else s.masked_fill(~keep, NEG_INF)
+    m = None
+    for k, _, keep in tiles():
+        mj = scores(k, keep).amax(-1, keepdim=True)
+        m = mj if m is None else torch.maximum(m, mj)
+    safe = m.masked_fill(torch.isneginf(m), 0.0)
+    l_i = acc = 0
+    for k, v, keep in tiles():
+        p = torch.exp(scores(k, keep) - safe)
+        l_i, acc = l_i + p.sum(-1, keepdim=True), acc + p @ v
+    return acc / l_i.masked_fill(l_i == 0, 1.0), (m + torch.log(l_i)).squeeze(-1)
+
+
+def fwd_tolist_two_passes(q, kv_tiles):  # tiles kept as Python lists, read twice
+    kept = [(k.tolist(), v.tolist(), None if keep is None else keep.tolist())
+            for k, v, keep in kv_tiles]
+
+    def tiles():
+        for k, v, keep in kept:
+            yield (torch.tensor(k, dtype=q.dtype), torch.tensor(v, dtype=q.dtype),
+                   None if keep is None else torch.tensor(keep))
+    return _two_passes_over(q, tiles)
+
+
+def fwd_item_two_passes(q, kv_tiles):  # the same with float(...) element by element
+    kept = [([float(e) for e in k.reshape(-1)], k.shape, [float(e) for e in v.reshape(-1)],
+             v.shape, None if keep is None else keep.tolist()) for k, v, keep in kv_tiles]
+
+    def tiles():
+        for k, ks, v, vs, keep in kept:
+            yield (torch.tensor(k, dtype=q.dtype).reshape(ks),
+                   torch.tensor(v, dtype=q.dtype).reshape(vs),
+                   None if keep is None else torch.tensor(keep))
+    return _two_passes_over(q, tiles)
+
+
+def bwd_tolist_row_by_row(q, out, lse, dout, kv_tiles):  # tiles as lists, then row by row
+    kept = [(k.tolist(), v.tolist(), None if keep is None else keep.tolist())
+            for k, v, keep in kv_tiles]
+    tiles = [(torch.tensor(k, dtype=q.dtype), torch.tensor(v, dtype=q.dtype),
+              None if keep is None else torch.tensor(keep)) for k, v, keep in kept]
+    return backward_row_by_row(q, out, lse, dout, iter(tiles))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("name,fn,word", [
+    ("ch09.tiled_attention", fwd_tolist_two_passes, "Tensor.tolist"),
+    ("ch09.tiled_attention", fwd_item_two_passes, "float(张量)"),
+    ("ch09.tiled_backward", bwd_tolist_row_by_row, "Tensor.tolist")],
+    ids=lambda x: getattr(x, "__name__", str(x)))
+def test_tiles_turned_into_python_numbers_are_ruled_out(name, fn, word, seed):
+    ok, text = run(name, fn, seed=seed)
+    assert ok is False and "不许" in text and word in text, text
+
+
+def test_the_python_number_exits_were_the_only_way_those_answers_passed():
+    # control: the same answers with the tracking left blind (the rule switched off) pass
+    from attnbook.exercises import _offlimits
+    saved = dict(_offlimits.OFF_LIMITS)
+    try:
+        for name in ("ch09.tiled_attention", "ch09.tiled_backward"):
+            _offlimits.OFF_LIMITS[name] = ()
+        assert run("ch09.tiled_attention", fwd_tolist_two_passes)[0]
+        assert run("ch09.tiled_backward", bwd_tolist_row_by_row)[0]
+    finally:
+        _offlimits.OFF_LIMITS.clear()
+        _offlimits.OFF_LIMITS.update(saved)
 
 
 # --------------------------------------------------------------------------- ch09.online_softmax

@@ -99,6 +99,9 @@ OFF_LIMITS = {
                             (reference.masked_softmax, "attnbook.masked_softmax"), *_SOFTMAX,
                             *_PY_NUMBERS),
     "ch09.merge_partial": ((reference.attention_ref, "attnbook.attention_ref"),),
+    # with the library's and torch's attention in tiled.py / tiled_bwd.py (Exercise.forbidden)
+    "ch09.tiled_attention": _PY_NUMBERS,
+    "ch09.tiled_backward": _PY_NUMBERS,
     "ch09.attention_backward": ((flash.attention_tiled, "attnbook.flash.attention_tiled"),),
     "ch10.smoothed_cross_entropy": (
         (train.label_smoothed_cross_entropy, "attnbook.train.label_smoothed_cross_entropy"),

@@ -17,8 +17,8 @@ next arrives is refused (``KeptTiles``); so is any intermediate as large as the 
 (the blocks concatenated back into rows, ``WholeRow``), and, on a long stream, a peak of live
 memory that grows with ``N`` (private copies of the blocks kept for a later pass). Turning a
 block into Python numbers (``.tolist()``, ``.item()``, ``float(...)``, ``.numpy()``), which
-would escape that tracking, is ruled out by name (``_offlimits``). The classic bugs start the running
-max at 0, forget to rescale ``l`` when the max grows, rescale the wrong way, sum ``exp(x)``
+would escape that tracking, is ruled out by name (``_offlimits``). The classic bugs start
+the running max at 0, forget to rescale ``l`` when the max grows, rescale the wrong way, sum ``exp(x)``
 without subtracting ``m``, keep the first block's max, replace the max by each block's own
 max, drop the last block (a loop one block behind), or get NaN from ``exp(-inf - (-inf))``
 on a block (or row) that is all ``-inf``.
@@ -336,7 +336,7 @@ def _alt(bug, f):
 
 
 def _matches(f, alt) -> bool:
-    """Whether the answer's (m, l) (what it returned) is the bug's, on both outputs if it gave both."""
+    """Whether the answer's (m, l) is the bug's: both outputs where it returned both."""
     if alt is None:
         return False
     ret = f.ret

@@ -15,8 +15,10 @@ the tiles and computing attention in one go is reported, named. On a long key st
 the peak of live memory is bounded too: keeping the tiles, or each tile's scores, for a later
 pass (two passes over a stored list, one whole score row per query) is refused as
 ``KeptTiles``, whatever the size of each piece; on every case, so is a tile whose ``k_j`` or
-``v_j`` is still referenced when the tile after next arrives. The classic bugs forget to
-rescale the running output, return ``log l`` without the max, start the running max at 0
+``v_j`` is still referenced when the tile after next arrives. Turning the tiles into Python
+numbers (``.tolist()``, ``.item()``, ``float(...)``, ``.numpy()``: lists of floats are no
+tensors, kept out of that tracking) is ruled out by name (``_offlimits``). The classic bugs
+forget to rescale the running output, return ``log l`` without the max, start the running max at 0
 (every exp underflows when all scores are far below 0), keep ``m`` and ``l`` without their last
 axis (``alpha * acc`` then broadcasts over the wrong axis), get NaN on a tile where a query
 has no key (``exp(-inf - (-inf))``), get NaN for a query with no key at all (0 / 0), or forget

@@ -10,7 +10,8 @@ masked; ``P_j = exp(S_j - lse)`` rebuilt from the saved lse (a query with lse = 
 ``dK_j = dS_jᵀ Q/√d``. No intermediate may be as large as the full Tq x Tk scores (checked as in
 ``ch09.tiled_attention``), nor may a tile's ``k_j``/``v_j`` still be referenced when the tile
 after next arrives (gathering the tiles into K and V, then one query row at a time, is refused as
-``KeptTiles``; private copies of the tiles are not seen here). The classic bugs drop D, take D
+``KeptTiles``; private copies of the tiles are not seen here; Python numbers made of them,
+``.tolist()`` and the like, are ruled out by name). The classic bugs drop D, take D
 from the tile's own ``rowsum(dP_j)``,
 forget 1/√d, normalise P by the tile's own max instead of lse, keep only the last tile's dQ,
 or get NaN for a query with no key (``exp(-inf - (-inf))``).
