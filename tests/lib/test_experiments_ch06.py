@@ -85,3 +85,96 @@ def test_a_trained_alibi_model_holds_at_four_times_the_length():
     m = ch06.length_metrics({"alibi": ch06.train_lm("alibi", 0)}, 0)
     assert m["alibi_seen"] > 0.95 and m["alibi_far"] > 0.9
     assert not math.isnan(m["alibi_mid"])
+
+
+# ---------------------------------------------------------------- ch06.extrapolation's task
+
+def test_recall_batch_has_one_key_and_both_targets():
+    g = torch.Generator().manual_seed(3)
+    x, y_local, y_recall, p = ch06.recall_batch(200, 16, g)
+    assert x.shape == y_local.shape == y_recall.shape == (200, 16) and p.shape == (200,)
+    is_key = x >= ch06.V
+    assert (is_key.sum(1) == 1).all() and int(x.max()) < 2 * ch06.V and int(x.min()) >= 0
+    assert torch.equal(is_key.int().argmax(1), p) and int(p.min()) >= 0 and int(p.max()) <= 14
+    assert (y_local[:, 0] == -100).all() and torch.equal(y_local[:, 1:], x[:, :-1])
+    v = x[torch.arange(200), p] - ch06.V
+    for row in range(200):
+        k = int(p[row])
+        assert (y_recall[row, :k + 1] == -100).all()             # no target at or before the key
+        assert (y_recall[row, k + 1:] == v[row]).all() and k + 1 < 16   # >= 1 target per row
+    # every key position 0..14 and every value occurs (uniform draws)
+    assert set(p.tolist()) == set(range(15)) and set(v.tolist()) == set(range(ch06.V))
+
+
+def test_recall_batch_rejects_bad_arguments():
+    g = torch.Generator().manual_seed(0)
+    with pytest.raises(ValueError, match="recall_batch: `t`"):
+        ch06.recall_batch(4, 1, g)
+    with pytest.raises(ValueError, match="recall_batch: `n_seq`"):
+        ch06.recall_batch(0, 16, g)
+    with pytest.raises(TypeError, match="recall_batch: `g`"):
+        ch06.recall_batch(4, 16, 0)
+
+
+def test_training_distances_stay_below_the_test_buckets():
+    """Training (length 16) never asks for a key more than 14 back; the test set's mid and far
+    buckets are farther than that, and the near_late bucket is near but late."""
+    x, _, y_recall, p = ch06.recall_batch(500, ch06.T_TRAIN, torch.Generator().manual_seed(1))
+    masks = ch06.recall_masks(y_recall, p)
+    assert masks["seen"].sum() == (y_recall != -100).sum()           # all of training is "seen"
+    assert not masks["mid"].any() and not masks["far"].any() and not masks["near_late"].any()
+    x, _, y_recall, p = ch06.recall_test_set(0)
+    assert x.shape == (256, ch06.T_TEST)
+    masks = ch06.recall_masks(y_recall, p)
+    dist = torch.arange(ch06.T_TEST)[None, :] - p[:, None]
+    pos = torch.arange(ch06.T_TEST).expand_as(dist)
+    assert int(dist[masks["far"]].min()) == 32 and int(dist[masks["mid"]].min()) == 16
+    assert int(dist[masks["mid"]].max()) == 31 and int(dist[masks["near_late"]].max()) <= 15
+    assert int(pos[masks["near_late"]].min()) >= 32 and int(pos[masks["seen"]].max()) <= 15
+    assert all(int(m.sum()) > 500 for m in masks.values())             # enough scored positions
+    total = sum(m.int() for m in masks.values())
+    assert int(total.max()) == 1                                       # the buckets are disjoint
+
+
+class _Oracle(torch.nn.Module):
+    """Logits that put +1 on the right answer of both questions (or on wrong ones)."""
+
+    def __init__(self, y_local, y_recall, wrong=False):
+        super().__init__()
+        self.y_local, self.y_recall, self.wrong = y_local, y_recall, wrong
+
+    def forward(self, x):
+        out = torch.zeros(*x.shape, 3 * ch06.V)
+        loc = self.y_local.clamp(min=0) + (1 if self.wrong else 0)
+        rec = self.y_recall.clamp(min=0) + (1 if self.wrong else 0)
+        out.scatter_(-1, (loc % (2 * ch06.V))[..., None], 1.0)
+        out.scatter_(-1, (2 * ch06.V + rec % ch06.V)[..., None], 1.0)
+        return out
+
+
+def test_recall_metrics_score_both_questions():
+    test = ch06.recall_test_set(0)
+    right = ch06.recall_metrics(_Oracle(test[1], test[2]), *test)
+    wrong = ch06.recall_metrics(_Oracle(test[1], test[2], wrong=True), *test)
+    assert set(right) == {"local_seen", "local_mid", "local_far", "recall_seen", "recall_near_late",
+                          "recall_mid", "recall_far"}
+    assert all(v == 1.0 for v in right.values()) and all(v == 0.0 for v in wrong.values())
+    with pytest.raises(ValueError, match="recall_metrics: no scored position"):
+        short = ch06.recall_batch(8, ch06.T_TRAIN, torch.Generator().manual_seed(0))
+        ch06.recall_metrics(_Oracle(short[1], short[2]), *short)
+
+
+def test_recall_model_shapes_and_the_lag_model_unchanged():
+    torch.manual_seed(0)
+    model = ch06.recall_model("alibi").eval()
+    x = ch06.recall_test_set(0)[0][:2]
+    assert model(x).shape == (2, ch06.T_TEST, 3 * ch06.V)
+    lag = ch06.TinyLM("rope")
+    assert lag.embed.num_embeddings == ch06.V and lag.readout.out_features == ch06.V
+    with pytest.raises(ValueError, match="TinyLM: `vocab`"):
+        ch06.TinyLM("rope", vocab=0)
+    batch = ch06.recall_batch(4, ch06.T_TRAIN, torch.Generator().manual_seed(0))
+    loss = ch06.recall_loss(model.train(), batch)
+    assert loss.ndim == 0 and math.isfinite(loss.item())
+    # untrained: two cross-entropies near log(2V) + log(V)
+    assert abs(loss.item() - math.log(2 * ch06.V) - math.log(ch06.V)) < 1.5
