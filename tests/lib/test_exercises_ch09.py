@@ -364,14 +364,17 @@ def test_tiles_turned_into_python_numbers_are_ruled_out(name, fn, word, seed):
 
 
 def test_the_python_number_exits_were_the_only_way_those_answers_passed():
-    # control: the same answers with the tracking left blind (the rule switched off) pass
+    # control: the forward answer passes with the rule switched off (the tracking is blind)
     from attnbook.exercises import _offlimits
     saved = dict(_offlimits.OFF_LIMITS)
     try:
         for name in ("ch09.tiled_attention", "ch09.tiled_backward"):
             _offlimits.OFF_LIMITS[name] = ()
         assert run("ch09.tiled_attention", fwd_tolist_two_passes)[0]
-        assert run("ch09.tiled_backward", bwd_tolist_row_by_row)[0]
+        # the backward gathers K and V again from the lists: its long key stream's memory
+        # bound refuses it as well
+        ok, text = run("ch09.tiled_backward", bwd_tolist_row_by_row)
+        assert ok is False and "KeptTiles" in text, text
     finally:
         _offlimits.OFF_LIMITS.clear()
         _offlimits.OFF_LIMITS.update(saved)
@@ -797,6 +800,37 @@ def backward_row_by_row(q, out, lse, dout, kv_tiles):  # K, V gathered; one quer
         dq[..., i:i + 1, :] = ds @ k * c
         dk = dk + ds.transpose(-2, -1) @ qi * c
     return dq, dk, dv
+
+
+def backward_row_by_row_on_copies(q, out, lse, dout, kv_tiles):  # private copies, gathered
+    return backward_row_by_row(q, out, lse, dout,
+                               [(k.clone(), v.clone(), keep) for k, v, keep in kv_tiles])
+
+
+def backward_cat_as_it_goes(q, out, lse, dout, kv_tiles):  # dK, dV grown by torch.cat: allowed
+    c = 1 / math.sqrt(q.shape[-1])
+    d_rows = (dout * out).sum(-1, keepdim=True)
+    ref = lse.masked_fill(torch.isneginf(lse), 0.0)[..., None]
+    dq, dk, dv = torch.zeros_like(q), None, None
+    for k, v, keep in kv_tiles:
+        s = q @ k.transpose(-2, -1) * c
+        if keep is not None:
+            s = s.masked_fill(~keep, NEG_INF)
+        p = torch.exp(s - ref)
+        ds = p * (dout @ v.transpose(-2, -1) - d_rows)
+        dq = dq + ds @ k * c
+        dk_j, dv_j = ds.transpose(-2, -1) @ q * c, p.transpose(-2, -1) @ dout
+        dk = dk_j if dk is None else torch.cat([dk, dk_j], -2)
+        dv = dv_j if dv is None else torch.cat([dv, dv_j], -2)
+    return dq, dk.clone(), dv.clone()  # and one more copy of the result
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_copies_of_the_tiles_gathered_row_by_row_are_refused_by_memory(seed):
+    ok, text = run("ch09.tiled_backward", backward_row_by_row_on_copies, seed=seed)
+    assert ok is False and "很长的键流" in text and "KeptTiles" in text, text
+    ok, text = run("ch09.tiled_backward", backward_cat_as_it_goes, seed=seed)  # control
+    assert ok is True, text
 
 
 @pytest.mark.parametrize("seed", SEEDS)

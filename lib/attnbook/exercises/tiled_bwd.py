@@ -10,8 +10,9 @@ masked; ``P_j = exp(S_j - lse)`` rebuilt from the saved lse (a query with lse = 
 ``dK_j = dS_jᵀ Q/√d``. No intermediate may be as large as the full Tq x Tk scores (checked as in
 ``ch09.tiled_attention``), nor may a tile's ``k_j``/``v_j`` still be referenced when the tile
 after next arrives (gathering the tiles into K and V, then one query row at a time, is refused as
-``KeptTiles``; private copies of the tiles are not seen here; Python numbers made of them,
-``.tolist()`` and the like, are ruled out by name). The classic bugs drop D, take D
+``KeptTiles``; on a long key stream, so is a peak of live memory above the one-pass
+backward's own plus all of K and V: private copies of the tiles gathered for a row-by-row
+pass; Python numbers made of them, ``.tolist()`` and the like, are ruled out by name). The classic bugs drop D, take D
 from the tile's own ``rowsum(dP_j)``,
 forget 1/√d, normalise P by the tile's own max instead of lse, keep only the last tile's dQ,
 or get NaN for a query with no key (``exp(-inf - (-inf))``).
@@ -41,9 +42,27 @@ def _run(fn, args, kwargs):
         raise FullScores(f"{name} 得到了形状 {shape} 的张量：它和完整的 T_q × T_k = "
                          f"{q.shape[-2]} × {tiles.tk()} 分数矩阵一样大")
     _kept(stream)
+    if tiles.long and fn is not tiled_backward:
+        _memory_bound(watch.peak, args)
     if isinstance(ret, (tuple, list)) and len(ret) == 3:
         return ret, {"dq": ret[0], "dk": ret[1], "dv": ret[2]}
     return ret, {"dq": ret}
+
+
+def _memory_bound(peak: int, args) -> None:
+    """On a long key stream, refuse a peak of live memory above the one-pass backward's own
+    plus all of K and V. Its own peak already holds dK and dV (they grow with T_k, ~2x K and V
+    at the final concatenation), so the margin is K and V once more: copies of the tiles kept
+    and gathered for a later pass (row by row) go past it, an answer that copies its result
+    once more does not."""
+    q, out, lse, dout, tiles = args
+    ref = _Watch(1, 1, 1)  # sizes unused: only its memory is read
+    with ref:
+        tiled_backward(q, out, lse, dout, _OneShot(tiles, q.dtype))
+    kv = sum((k.numel() + v.numel()) * q.element_size() for k, v, _ in tiles.tiles)
+    if peak > ref.peak + kv:
+        raise KeptTiles(f"你的函数同时占着 {peak} 字节的张量；一块一块地算（连同 dK、dV）只需要约 "
+                        f"{ref.peak} 字节，而全部 T_k = {tiles.tk()} 个键和值是 {kv} 字节")
 
 
 def _backward(q, out, lse, dout, kv_tiles, *, use_d="right", scale=True, p_ref="lse",
@@ -97,13 +116,13 @@ BUGS = {
 
 
 def _case(g, title, lead, tq, tk, block, *, d=4, dv=3, keep=None, dtype=torch.float64, note="",
-          tags=frozenset()):
+          tags=frozenset(), long=False):
     def r(*shape):
         return torch.randn(shape, generator=g, dtype=torch.float64)
     q, k, v, dout = r(*lead, tq, d), r(*lead, tk, d), r(*lead, tk, dv), r(*lead, tq, dv)
     from ..reference import attention_ref  # noqa: PLC0415
     fwd = attention_ref(q, k, v, mask=keep)
-    tiles = _tiles(k.to(dtype), v.to(dtype), keep, _sizes(tk, block))
+    tiles = _tiles(k.to(dtype), v.to(dtype), keep, _sizes(tk, block), long=long)
     args = (q.to(dtype), fwd.out.to(dtype), fwd.lse.to(dtype), dout.to(dtype), tiles)
     return Case(title, args, note=note, tags=tags)
 
@@ -128,6 +147,12 @@ def _cases(g):
                        note="后两个键被屏蔽；查询 1 的第一块全被屏蔽；查询 3 没有任何键"
                             "（lse = −inf，它对梯度没有贡献）。", tags=frozenset({"masked"})))
     cases.append(_case(g, "float32", (2,), pick(8, 10), pick(9, 12), 4, dtype=torch.float32))
+    # a long key stream, few queries: copies of the tiles kept for later show in the memory
+    # (T_q > d, d_v: dK, dV, (T_k, d) and (T_k, d_v), are not mistaken for T_k x T_q scores)
+    tq, tk, block = pick(6, 8), pick(160, 240), pick(3, 5)
+    cases.append(_case(g, "很长的键流，查询很少", (), tq, tk, block, long=True,
+                       note=f"T_q = {tq}，T_k = {tk}，每块 {block} 个键：除了 dK、dV 本身，"
+                            "同时占用的内存和 T_k 无关。", tags=frozenset({"long"})))
     return cases
 
 
