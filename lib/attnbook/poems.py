@@ -16,6 +16,12 @@ group. On the held-out poems this holds for about 85 % of them, against about 10
 random line endings and for the unrhymed lines 1 and 3: the check separates rhyme from chance,
 though Middle Chinese rhymes that modern Mandarin split or merged are misjudged, and a
 character with several readings gets pypinyin's most common one (还 is hai, not huan).
+
+A sampled poem may hold UNK (a character outside the vocabulary), which ``Vocab.decode`` writes
+as the five characters ``<unk>``. Every check here counts it as one character: the text is
+read through :func:`unk_as_one` first (``<unk>`` -> :data:`UNK_MARK`, one character), so a
+7x4 poem with an UNK has the right lengths; and an UNK ending line 2 or 4 never rhymes (its
+reading is unknown).
 """
 from __future__ import annotations
 
@@ -27,11 +33,19 @@ import torch
 
 from ._checks import check_choice, check_float, check_int, check_tensor, check_tokens, describe
 from .data import BOS_ID, EOS_ID, PAD_ID
+from .data.vocab import UNK
 
-__all__ = ["FINAL_GROUPS", "NgramLM", "PoemForm", "attention_to", "copied_ngrams", "poem_form",
-           "rhyme_groups", "split_lines"]
+__all__ = ["FINAL_GROUPS", "NgramLM", "PoemForm", "UNK_MARK", "attention_to", "copied_ngrams",
+           "poem_form", "rhyme_groups", "rhymes", "split_lines", "unk_as_one"]
 
 PUNCT = "，。"
+UNK_MARK = "□"        # one character for UNK; not in the corpus, not in the rhyme table
+
+
+def unk_as_one(text: str) -> str:
+    """``text`` with every ``<unk>`` (how ``Vocab.decode`` writes UNK) as one :data:`UNK_MARK`."""
+    _check_str("text", text, "unk_as_one")
+    return text.replace(UNK, UNK_MARK)
 
 
 class NgramLM:
@@ -162,31 +176,44 @@ def poem_form(poem: str, groups: dict[str, str] | None = None) -> PoemForm:
     """Check one poem's form: line lengths, punctuation, rhyme of lines 2 and 4 (module docstring).
 
     ``poem``: a str; ``groups``: character -> rhyme group (default :func:`rhyme_groups`).
+    UNK (``<unk>`` or :data:`UNK_MARK`) counts as one character and never rhymes.
     """
     _check_str("poem", poem, "poem_form")
     if groups is not None and not isinstance(groups, dict):
         raise TypeError(f"poem_form: `groups` must be a dict or None, got {type(groups).__name__}")
+    poem = unk_as_one(poem)
     lines = split_lines(poem)
     n = len(lines[0]) if lines else 0
     lengths_ok = len(lines) == 4 and n in (5, 7) and all(len(x) == n for x in lines)
     punct_ok = lengths_ok and poem == "".join(x + m for x, m in zip(lines, "，。，。"))
     groups = rhyme_groups() if groups is None else groups
-    rhyme_ok = lengths_ok and lines[1][-1] in groups and \
-        groups.get(lines[3][-1]) == groups[lines[1][-1]]
+    rhyme_ok = lengths_ok and rhymes(lines[1][-1], lines[3][-1], groups)
     return PoemForm(lengths_ok, punct_ok, rhyme_ok)
+
+
+def rhymes(a: str, b: str, groups: dict[str, str]) -> bool:
+    """Whether characters ``a`` and ``b`` fall in one rhyme group of ``groups``; False when
+    either is UNK (:data:`UNK_MARK`) or has no group. ``a``, ``b``: str; ``groups``: a dict."""
+    _check_str("a", a, "rhymes")
+    _check_str("b", b, "rhymes")
+    if not isinstance(groups, dict):
+        raise TypeError(f"rhymes: `groups` must be a dict, got {type(groups).__name__}")
+    if UNK_MARK in (a, b) or a not in groups:
+        return False
+    return groups.get(b) == groups[a]
 
 
 def copied_ngrams(poem: str, train_ngrams: set[str], n: int = 4) -> float:
     """Share of the poem's character n-grams (inside lines) that occur in ``train_ngrams``.
 
-    ``n`` >= 1. A poem with no line of n characters has no n-gram: the share is 0.0.
+    ``n`` >= 1; UNK counts as one character (:func:`unk_as_one`). A poem with no line of n characters has no n-gram: the share is 0.0.
     """
     _check_str("poem", poem, "copied_ngrams")
     if not isinstance(train_ngrams, (set, frozenset)):
         raise TypeError(f"copied_ngrams: `train_ngrams` must be a set of str (see ngram_set), "
                         f"got {type(train_ngrams).__name__}")
     n = check_int("n", n, fn="copied_ngrams")
-    grams = [x[i:i + n] for x in split_lines(poem) for i in range(len(x) - n + 1)]
+    grams = [x[i:i + n] for x in split_lines(unk_as_one(poem)) for i in range(len(x) - n + 1)]
     return sum(g in train_ngrams for g in grams) / len(grams) if grams else 0.0
 
 

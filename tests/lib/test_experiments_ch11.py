@@ -20,6 +20,72 @@ def test_form_metrics_on_real_poems_and_on_noise():
     assert noise["well_formed"] == 0.0 and noise["rhyme"] == 0.0
 
 
+POEM = "白日依山尽，黄河入海流。欲穷千里目，更上一层楼。"   # 流/楼 rhyme (ou)
+
+
+def test_one_unk_counts_as_one_character():
+    from attnbook.data import UNK_ID
+    from attnbook.poems import UNK_MARK, poem_form
+    c, _, _ = ch11.corpus()
+    unk = c.vocab.decode([UNK_ID])                                   # what the reader sees
+    assert len(unk) == 5
+    for mark in (unk, UNK_MARK):
+        f = poem_form(POEM.replace("依", mark))                      # UNK inside line 1
+        assert f.lengths_ok and f.well_formed and f.rhyme_ok
+    seven = "天第一版白湘丝，未爱牵灯独浣尘。更墨海边年不住，岂争殿畔气西" + unk + "。"
+    assert poem_form(seven).well_formed                              # the 7x4 sample with UNK
+    # controls: a line genuinely one character short or long still fails
+    assert not poem_form(POEM.replace("依山", "山")).lengths_ok
+    assert not poem_form(POEM.replace("依", unk + "山")).lengths_ok
+    m = ch11.form_metrics([POEM.replace("依", unk), POEM.replace("依山", "山")])
+    assert m["lengths"] == m["well_formed"] == 0.5
+
+
+def test_unk_at_a_rhyme_position_is_not_a_rhyme():
+    from attnbook.poems import UNK_MARK, poem_form, rhymes
+    c, _, _ = ch11.corpus()
+    unk = c.vocab.decode([3])
+    for mark in (unk, UNK_MARK):
+        for end in ("流", "楼"):                                     # line 2's end, line 4's end
+            f = poem_form(POEM.replace(end, mark))
+            assert f.lengths_ok and not f.rhyme_ok
+        both = POEM.replace("流", mark).replace("楼", mark)          # two UNKs: still no rhyme
+        assert poem_form(both).lengths_ok and not poem_form(both).rhyme_ok
+    g = {"流": "ou", "楼": "ou", UNK_MARK: "ou"}                     # even a table that lists it
+    assert rhymes("流", "楼", g) and not rhymes(UNK_MARK, UNK_MARK, g)
+    assert not rhymes("流", UNK_MARK, g) and not rhymes(UNK_MARK, "楼", g)
+    with pytest.raises(TypeError, match="rhymes.*groups"):
+        rhymes("流", "楼", [])
+    with pytest.raises(TypeError, match="rhymes.*`a`"):
+        rhymes(None, "楼", g)
+
+
+def test_unk_as_one_names_its_argument():
+    from attnbook.poems import UNK_MARK, unk_as_one
+    assert unk_as_one("春<unk>风<unk>") == "春" + UNK_MARK + "风" + UNK_MARK
+    with pytest.raises(TypeError, match="unk_as_one.*`text`"):
+        unk_as_one(3)
+
+
+def test_sampled_poems_write_unk_as_one_character():
+    from attnbook.poems import UNK_MARK
+    b = ch11.baselines()
+    poems = ch11.sample_poems(b["bigram"], 200, seed=0)              # the bigram samples UNK
+    assert not any("<unk>" in p for p in poems)
+    assert any(UNK_MARK in p for p in poems)
+
+
+def test_rhyme_chance_pairs_endings_of_different_poems():
+    a = "白日依山尽，黄河入海流。欲穷千里目，更上一层楼。"           # ends 流 / 楼 (ou)
+    b = "白日依山尽，黄河入海天。欲穷千里目，更上一层山。"           # ends 天 / 山 (an)
+    assert ch11.rhyme_chance([a, b]) == 0.0          # 流-山, 天-楼: no pair across poems
+    assert ch11.rhyme_chance([a, a]) == 1.0
+    assert ch11.rhyme_chance([a]) == 0.0             # no pair at all
+    c, _, _ = ch11.corpus()
+    real = ch11.rhyme_chance(c.valid[:200])          # real endings paired at random
+    assert 0.05 < real < 0.2
+
+
 def test_bigram_samples_and_baseline_perplexities():
     b = ch11.baselines()
     assert b["ppl_bigram"] < 0.6 * b["ppl_unigram"]
@@ -33,6 +99,7 @@ def test_untrained_model_claims_fail_and_sweep_keys():
     sweep = ch11.sweep_metrics(model, seed=0, n=5,
                                settings=ch11.SWEEP[:4] + ch11.SWEEP[5:])
     assert sweep["greedy"]["distinct"] == 1 / 5
+    assert ch11.SWEEP_N == {"T=1": 200, "T=1.3": 200}              # the two compared
     summary = ch11.sweep_summary(sweep)
     quoted = set(experiments.get("ch11.sampling").quoted)
     assert quoted <= set(summary)
