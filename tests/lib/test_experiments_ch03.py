@@ -1,5 +1,6 @@
 """attnbook.experiments.ch03: the measurement helpers and the two registered predicates (fast: no
 training here; the trained runs are the committed experiments)."""
+import pytest
 import torch
 
 from attnbook import experiments
@@ -55,3 +56,85 @@ def test_predicates_accept_the_claim_and_reject_its_negation():
     assert not var.holds({**ok, "trained_var_128": 40.0})            # does not grow with d
     assert not var.holds({**ok, "trained_comp_64": 0.9})             # premise would hold
     assert not var.holds({**ok, "init_var_over_d_32": 0.5})          # init not far below d
+
+
+# --- interventions on alpha and one learning rate per model ------------------------------
+
+def _reversal_batch(lengths=(3, 5, 4)):
+    rows = [reversal_task(min_len=n, max_len=n).batch(1, seed=n, split="test") for n in lengths]
+    s = max(lengths)
+    src = torch.zeros(len(lengths), s, dtype=torch.long)
+    for i, b in enumerate(rows):
+        src[i, :lengths[i]] = b.src[0]
+    return src, torch.arange(s)[None] < torch.tensor(lengths)[:, None]
+
+
+def test_alpha_interventions_are_distributions_over_the_real_positions():
+    src, mask = _reversal_batch()
+    n, steps = mask.sum(1), 7
+    hooks = ch03.alpha_interventions(mask, steps, seed=0)
+    alpha = torch.softmax(torch.randn(3, 1, mask.shape[1], dtype=torch.float64), -1)
+    alpha = alpha.masked_fill(~mask[:, None], 0.0)
+    alpha = alpha / alpha.sum(-1, keepdim=True)
+    for t in range(steps):
+        p = hooks["permuted"](alpha, t)
+        assert torch.equal(p.sort(-1).values, alpha.sort(-1).values)     # same weights, moved
+        assert bool((p[~mask[:, None].expand_as(p)] == 0).all())
+        u = hooks["uniform"](alpha, t)
+        torch.testing.assert_close(u.sum(-1), torch.ones(3, 1, dtype=torch.float64))
+        assert torch.equal(u[:, 0] > 0, mask)
+        h = hooks["mirror"](alpha, t)
+        for i, ni in enumerate(n.tolist()):
+            if t < ni:                                                   # one-hot on n-1-t
+                assert h[i, 0].argmax().item() == ni - 1 - t and h[i, 0].sum().item() == 1.0
+                assert h[i, 0].max().item() == 1.0
+            else:                                                        # EOS step: the model's own
+                assert torch.equal(h[i, 0], alpha[i, 0])
+    # the permutations are a fixed function of (seed, sentence, step): decoding a prefix twice
+    # sees the same weights; another seed draws others
+    again = ch03.alpha_interventions(mask, steps, seed=0)["permuted"]
+    other = ch03.alpha_interventions(mask, steps, seed=1)["permuted"]
+    many = alpha.expand(3, steps, -1).contiguous()
+    assert torch.equal(hooks["permuted"](many, 0), again(many, 0))
+    assert not torch.equal(hooks["permuted"](many, 0), other(many, 0))
+
+
+def test_alpha_interventions_run_inside_the_model_and_reject_bad_input():
+    src, mask = _reversal_batch()
+    task = reversal_task(min_len=3, max_len=5)
+    torch.manual_seed(0)
+    model = AttentionSeq2Seq(len(task.src_vocab), len(task.tgt_vocab), d_emb=4, d_hidden=8,
+                             score="additive", flow="bahdanau").eval()
+    tgt_in = torch.full((3, 6), 1, dtype=torch.long)
+    hooks = ch03.alpha_interventions(mask, 6)
+    with torch.no_grad():
+        out = model(src, mask, tgt_in, alpha_fn=hooks["mirror"])
+    assert out.weights[0, 0].argmax().item() == 2 and out.weights[1, 0].argmax().item() == 4
+    with pytest.raises(ValueError, match="built for 3 sentences"):
+        model(src, mask, torch.full((3, 8), 1, dtype=torch.long), alpha_fn=hooks["permuted"])
+    with pytest.raises(ValueError, match="right-padded"):
+        ch03.alpha_interventions(torch.tensor([[True, False, True]]), 4)
+    with pytest.raises(ValueError, match="bool"):
+        ch03.alpha_interventions(mask.long(), 4)
+    with pytest.raises(ValueError, match="`steps`"):
+        ch03.alpha_interventions(mask, 0)
+
+
+def test_digit_accuracy_ignores_eos_and_pad():
+    tgt = torch.tensor([[5, 6, 2, 0], [7, 2, 0, 0]])
+    logits = torch.nn.functional.one_hot(torch.tensor([[5, 9, 2, 2], [7, 7, 7, 7]]), 12).float()
+    assert ch03._digit_accuracy(logits, tgt) == 2 / 3
+
+
+def test_intervention_and_per_model_lr_predicates():
+    iv = experiments.get("ch03.intervention")
+    good = dict(own_token=0.99, permuted_token=0.2, mirror_token=0.98, uniform_token=0.25,
+                own_exact=0.9, permuted_exact=0.0, mirror_exact=0.9, uniform_exact=0.0)
+    assert iv.holds(good)
+    assert not iv.holds({**good, "permuted_token": 0.9})       # alpha's positions did not matter
+    assert not iv.holds({**good, "mirror_token": 0.5})         # the mirror is not what it uses
+    lr = experiments.get("ch03.per_model_lr")
+    assert lr.holds(dict(best_gap_long=0.5, best_plain_long=0.1, best_attn_long=0.6))
+    assert not lr.holds(dict(best_gap_long=0.1, best_plain_long=0.5, best_attn_long=0.6))
+    assert iv.run is lr.run is ch03.run_compare                # one training run for both
+    assert ch03.RECIPE["lr"] in ch03.LR_GRID
