@@ -133,12 +133,15 @@ class AttentionSeq2Seq(_Seq2SeqBase):
         temperature = check_float("temperature", temperature, fn=fn, minimum=0.0, inclusive=False)
         return max(temperature, torch.finfo(self.init.weight.dtype).tiny)  # see step 2 above
 
+    def _check_decode_alpha(self, tgt_in, enc, temperature, alpha_fn) -> float:
+        _check_alpha_fn(alpha_fn)
+        return self._check_decode(tgt_in, enc, temperature=temperature)
+
     def decode(self, tgt_in: torch.Tensor, enc: EncoderOutput, *, temperature: float = 1.0,
                alpha_fn=None) -> Seq2SeqOutput:
         """Decoder given the encoder's output (teacher forcing over ``tgt_in``); ``alpha_fn``:
         the intervention on the attention weights (class docstring)."""
-        temperature = self._check_decode(tgt_in, enc, temperature=temperature)
-        _check_alpha_fn(alpha_fn)
+        temperature = self._check_decode_alpha(tgt_in, enc, temperature, alpha_fn)
         e = self.embed(tgt_in)                                     # (B, T, d_emb)
         s = torch.tanh(self.init(enc.summary))                     # s_0: (B, d_hidden)
         if self.flow == "bahdanau":
