@@ -105,8 +105,8 @@ class AttentionSeq2Seq(_Seq2SeqBase):
         3. ``c = alpha H`` (weighted sum of the encoder states).
         Returns ``(contexts (B, Tq, D_k), weights (B, Tq, S))``.
 
-        ``alpha_fn`` (see the class docstring): replaces alpha before step 3; ``t`` is the decoder
-        step of the first query (passed to ``alpha_fn``).
+        ``alpha_fn`` (see the class docstring): replaces alpha before step 3; ``t`` is
+        the decoder step of the first query (passed to ``alpha_fn``).
         """
         temperature = self._check_attend(query, enc, temperature)
         scores = self.score(query, enc.memory)                            # (B, Tq, S)
@@ -139,8 +139,8 @@ class AttentionSeq2Seq(_Seq2SeqBase):
 
     def decode(self, tgt_in: torch.Tensor, enc: EncoderOutput, *, temperature: float = 1.0,
                alpha_fn=None) -> Seq2SeqOutput:
-        """Decoder given the encoder's output (teacher forcing over ``tgt_in``); ``alpha_fn``:
-        the intervention on the attention weights (class docstring)."""
+        """Decoder given the encoder's output (teacher forcing over ``tgt_in``);
+        ``alpha_fn``: the intervention on the attention weights (class docstring)."""
         temperature = self._check_decode_alpha(tgt_in, enc, temperature, alpha_fn)
         e = self.embed(tgt_in)                                     # (B, T, d_emb)
         s = torch.tanh(self.init(enc.summary))                     # s_0: (B, d_hidden)
