@@ -57,7 +57,15 @@ _PY_NUMBERS = ((torch.Tensor.tolist, "Tensor.tolist"), (torch.Tensor.item, "Tens
                (torch.Tensor.numpy, "Tensor.numpy"), (torch.Tensor.__array__, "numpy.asarray(张量)"),
                (torch.Tensor.__float__, "float(张量)"), (torch.Tensor.__int__, "int(张量)"),
                (torch.Tensor.__index__, "operator.index(张量)"),
-               (torch.Tensor.__complex__, "complex(张量)"))
+               (torch.Tensor.__complex__, "complex(张量)"),
+               # the ways to the raw memory: storages outlive the tensors the tracking follows,
+               # and numpy arrays, bytes or pickles hold copies outside torch
+               (torch.Tensor.untyped_storage, "Tensor.untyped_storage（pickle、torch.save 也用它）"),
+               (torch.Tensor.storage, "Tensor.storage"), (torch.Tensor._typed_storage,
+                                                          "Tensor._typed_storage"),
+               (torch.Tensor.__dlpack__, "Tensor.__dlpack__（numpy.from_dlpack 等）"),
+               (torch.Tensor.__deepcopy__, "copy.deepcopy(张量)"),
+               (torch.Tensor.data_ptr, "Tensor.data_ptr"))
 _LAYER_NORM = ((F.layer_norm, "F.layer_norm"), (torch.layer_norm, "torch.layer_norm"),
                (torch.native_layer_norm, "torch.native_layer_norm"))
 

@@ -15,9 +15,14 @@ The method is checked with chapter 09's stream machinery (``tiled``): the blocks
 a one-shot iterator (a second pass is refused); a block still referenced when the block after
 next arrives is refused (``KeptTiles``); so is any intermediate as large as the whole of ``x``
 (the blocks concatenated back into rows, ``WholeRow``), and, on a long stream, a peak of live
-memory that grows with ``N`` (private copies of the blocks kept for a later pass). Turning a
-block into Python numbers (``.tolist()``, ``.item()``, ``float(...)``, ``.numpy()``), which
-would escape that tracking, is ruled out by name (``_offlimits``). The classic bugs start
+memory that grows with ``N`` (private copies of the blocks kept for a later pass); the
+stream follows the blocks' storages too, so an alias made outside torch's dispatch
+(``nn.Parameter``, ``Tensor._make_subclass``) counts as the block kept. Turning a block into
+Python numbers (``.tolist()``, ``.item()``, ``float(...)``, ``.numpy()``) or reaching its raw
+memory (``.untyped_storage()``, DLPack, pickle, ``copy.deepcopy``), which would escape that
+tracking, is ruled out by name (``_offlimits``); so is any aten kernel of the softmax family
+(softmax, log_softmax, logsumexp, logcumsumexp, logaddexp: ``Shortcut``), whatever Python
+spelling reached it. The classic bugs start
 the running max at 0, forget to rescale ``l`` when the max grows, rescale the wrong way, sum ``exp(x)``
 without subtracting ``m``, keep the first block's max, replace the max by each block's own
 max, drop the last block (a loop one block behind), or get NaN from ``exp(-inf - (-inf))``
@@ -90,6 +95,25 @@ class WholeRow(Exception):
     """The answer built a tensor as large as the whole of ``x`` (the blocks put back together)."""
 
 
+class Shortcut(Exception):
+    """The answer ran one of torch's softmax-family kernels (seen at the aten level, whatever
+    the Python spelling: ``torch.special.logsumexp``, ``torch._C._special``, ``F.softmin``,
+    ``logcumsumexp``, ``logaddexp``...): each computes the normaliser the exercise asks for."""
+
+
+# aten operations (their overload packet's name, leading "_" and "special_" dropped) that
+# compute a softmax normaliser or merge two of them: ruled out whatever Python spelling reached
+# them (the off-limits recorder sees Python spellings; this sees the kernels they dispatch to)
+_SHORTCUT_OPS = frozenset({"logsumexp", "logcumsumexp", "logaddexp", "logaddexp2"})
+
+
+def _shortcut_op(func):
+    name = str(getattr(getattr(func, "overloadpacket", func), "__name__", "")).split(".")[0]
+    name = name.lstrip("_")
+    name = name[len("special_"):] if name.startswith("special_") else name
+    return name if ("softmax" in name or name in _SHORTCUT_OPS) else None
+
+
 class _RowWatch(_Watch):
     """chapter 09's dispatch watch (memory, peak), its size rule replaced: any result with as
     many elements as all of ``x`` (only where there are several blocks)."""
@@ -102,6 +126,13 @@ class _RowWatch(_Watch):
         return (self.several and isinstance(t, torch.Tensor) and t.dim() > 0
                 and t.numel() >= self.tq * self.tk)
 
+    shortcut = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.shortcut is None:
+            self.shortcut = _shortcut_op(func)
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
 
 def _run(fn, args, kwargs):
     blocks = args[0]
@@ -111,6 +142,9 @@ def _run(fn, args, kwargs):
     with watch:
         stream = _stream(blocks)
         ret = fn(stream, *args[1:], **kwargs)
+    if watch.shortcut is not None:
+        raise Shortcut(f"你的函数调用了 torch 的 {watch.shortcut}（aten.{watch.shortcut}）："
+                       "它替你算了这一题要一块一块求的归一化量")
     if watch.seen is not None:
         name, shape = watch.seen
         raise WholeRow(f"{name} 得到了形状 {shape} 的张量：它和整个 x（{rows} 行 × "
@@ -264,8 +298,15 @@ def _cases(g):
     # 7: widths that differ from block to block
     widths = [pick(1, 4) for _ in range(pick(3, 5))]
     x7 = r(3, sum(widths), scale=2.0)
+    # row 2: each block's max only 1e-4 above the max so far (a rescaling skipped when the max
+    # grows "a little" shows); its other entries stay below
+    # (no draw from g: the cases after this one keep their data)
+    j = 0
+    for i, w in enumerate(widths):
+        x7[2, j:j + w] = 1.0 + 1e-4 * i - torch.linspace(0.0, 1.5, w, dtype=torch.float64).roll(i)
+        j += w
     cases.append(Case("各块的列数不同", (_split(x7, widths),),
-                      note="块的宽度各不相同：不要假定每块一样宽。"))
+                      note="块的宽度各不相同：不要假定每块一样宽；第 2 行每一块的最大值只比之前的大 1e-4。"))
     # 8: float32, rows at very different scales
     big = float(torch.empty(1).uniform_(60.0, 150.0, generator=g))
     x8 = (r(3, 9, scale=big) * torch.tensor([[1.0], [0.01], [3.0]], dtype=torch.float64)).float()
@@ -289,10 +330,14 @@ def _cases(g):
 
 def _low_atol(case, dtype) -> float:
     """float32: l sums N terms each within a few roundings of exact, rescaled once per block
-    (l <= N); m is exact (a max)."""
+    (l <= N); m is exact (a max). An answer that keeps lse = m + log l and returns
+    exp(lse - m) loses eps * |m| of lse's rounding in l (rows near -800: ~1e-4): allowed."""
     blocks = case.args[0]
     n, nb = blocks.n(), len(blocks.blocks)
-    return 2 * torch.finfo(dtype).eps * (n + 2 * nb + 4) * max(n, 1)
+    x = blocks.full()
+    mx = float(x[torch.isfinite(x)].abs().max()) if bool(torch.isfinite(x).any()) else 0.0
+    eps = torch.finfo(dtype).eps
+    return 2 * eps * (n + 2 * nb + 4) * max(n, 1) + 2 * eps * mx * max(n, 1)
 
 
 # --------------------------------------------------------------------------- hints
@@ -349,6 +394,11 @@ def _matches(f, alt) -> bool:
 def _hint(f):
     if f.kind == "exception":
         exc = f.exc
+        if isinstance(exc, Shortcut):
+            return ("softmax、log_softmax、logsumexp、logcumsumexp、logaddexp 这一族函数（任何写法："
+                    "torch.、F.、torch.special.、nn 模块、张量方法、torch.ops.aten）在这一题里都不能用，"
+                    "只对一块调用也不行：每块的最大值和 Σ exp(x_j − m_new) 用 amax、exp、sum 自己算，"
+                    "再按 l ← exp(m − m_new)·l + … 合并。")
         if isinstance(exc, WholeRow):
             return ("不要把各块拼回整行（torch.cat、把块存起来再拼）：这一题的行是一块一块流过来的。"
                     "每来一块，只用这一块更新每行的 m 和 l。")
@@ -395,5 +445,11 @@ def _hint(f):
 # softmax / log_softmax / logsumexp in every spelling (aten forms included), and the ways out of
 # torch into Python numbers (.tolist(), .item(), float(...), .numpy()).
 
+# The gallery's loop itself (``_stats`` with its defaults is the solution) and its factory are
+# ruled out too (their calls from this package, the solution's and the gallery's, never count;
+# the gallery's functions themselves stay callable: each is a wrong answer).
+_OFF = ((_stats, "attnbook.exercises.online._stats（本题参考答案的循环）"),
+        (_bug, "attnbook.exercises.online._bug"))
+
 register(Exercise("ch09.online_softmax", "在线 softmax 的归一化量", online_softmax, BUGS, _cases,
-                  (_hint,), run=_run, low_atol=_low_atol))
+                  (_hint,), run=_run, low_atol=_low_atol, forbidden=_OFF))

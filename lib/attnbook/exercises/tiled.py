@@ -103,8 +103,12 @@ class _OneShot:
         for j, tile in enumerate(self._tiles.tiles):
             self._check_kept(j - 2)  # the loop variables may still hold tile j - 1, not j - 2
             copies = tuple(self._copy(t) for t in tile)
-            self._refs.append(tuple(weakref.ref(t) for t in copies
-                                    if t is not None and t.is_floating_point()))
+            floats = [t for t in copies if t is not None and t.is_floating_point()]
+            # the tensors and their storages: an alias made outside torch's dispatch (a
+            # subclass by Tensor._make_subclass, an nn.Parameter, .data) keeps the storage alive
+            # while the tensor handed out is gone
+            self._refs.append(tuple(weakref.ref(t) for t in floats)
+                              + tuple(weakref.ref(t.untyped_storage()) for t in floats))
             yield copies[0] if self._single else copies
             del copies
         self._check_kept(len(self._refs) - 2)
@@ -146,9 +150,12 @@ class _Watch(TorchDispatchMode):
         try:
             st = t.untyped_storage()
             ptr, size = st.data_ptr(), st.nbytes()
+        except Exception:  # noqa: BLE001  (a sparse or exotic tensor: counted as if dense)
+            ptr, size = ("exotic", id(t)), t.numel() * t.element_size()
+        try:
             n, _ = self._alive.get(ptr, (0, size))
             weakref.finalize(t, self._gone, ptr)
-        except Exception:  # noqa: BLE001  (a sparse or exotic tensor: not counted)
+        except Exception:  # noqa: BLE001  (not weak-referenceable: not counted)
             return
         if n == 0:
             self.live += size
