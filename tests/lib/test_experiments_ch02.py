@@ -115,6 +115,10 @@ def test_the_probe_reads_a_partial_code_partly():
     (xtr, ytr), (xte, yte) = _planted(1000, g, noise=4.0), _planted(1000, g, noise=4.0)
     acc = ch02.linear_probe(xtr, ytr, xte, yte, n_classes=10)
     assert ((acc > 0.2) & (acc < 0.95)).all(), acc                 # between chance and exact
+    # the default 50 L-BFGS iterations have converged on such an overlapping code: ten times
+    # as many read the same (an under-fitted probe would understate what c holds)
+    longer = ch02.linear_probe(xtr, ytr, xte, yte, n_classes=10, steps=500)
+    assert (acc - longer).abs().max() <= 0.005, (acc, longer)
 
 
 def test_the_probe_names_a_bad_argument():
@@ -165,6 +169,9 @@ def test_probe_metrics_keys_and_controls_on_a_small_set():
         assert all(f"{name}_{j}" in m for j in range(1, 13))
         assert m[f"{name}_early"] == pytest.approx(sum(m[f"{name}_{j}"] for j in ch02.EARLY) / 4)
     assert "shuf_1" not in m and m["shuf_early"] < 0.25
+    # an untrained GRU keeps its last tokens readable: the probe reads them, and the shuffled
+    # labels do not (so the control does shuffle)
+    assert m["shuf_late"] < 0.25 < m["probe_late"] and m["probe_12"] > 0.8
 
 
 def test_the_probe_claims_rule():
