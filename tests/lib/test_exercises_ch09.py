@@ -1007,7 +1007,7 @@ def os_a_gallery_factory(x_blocks):
     (_per_block_lse(lambda t: (t - torch.distributions.Categorical(
         logits=t, validate_args=False).logits).amax(-1)), "logsumexp"),
     (os_logaddexp_by_column, "logaddexp"),
-    (os_the_exercises_loop, "_stats"), (os_a_gallery_factory, "_bug")],
+    (os_the_exercises_loop, "online._stats"), (os_a_gallery_factory, "online._bug")],
     ids=["special.logsumexp", "_C._special", "logcumsumexp", "Tensor.logcumsumexp",
          "aten.logcumsumexp", "F.softmin", "nn.Softmax", "Categorical", "logaddexp-columns",
          "_stats", "_bug"])

@@ -448,8 +448,8 @@ def _hint(f):
 # The gallery's loop itself (``_stats`` with its defaults is the solution) and its factory are
 # ruled out too (their calls from this package, the solution's and the gallery's, never count;
 # the gallery's functions themselves stay callable: each is a wrong answer).
-_OFF = ((_stats, "attnbook.exercises.online._stats（本题参考答案的循环）"),
-        (_bug, "attnbook.exercises.online._bug"))
+_OFF = ((_stats, "exercises.online._stats（本题参考答案的循环）"),
+        (_bug, "exercises.online._bug"))
 
 register(Exercise("ch09.online_softmax", "在线 softmax 的归一化量", online_softmax, BUGS, _cases,
                   (_hint,), run=_run, low_atol=_low_atol, forbidden=_OFF))
