@@ -206,7 +206,8 @@ def rhymes(a: str, b: str, groups: dict[str, str]) -> bool:
 def copied_ngrams(poem: str, train_ngrams: set[str], n: int = 4) -> float:
     """Share of the poem's character n-grams (inside lines) that occur in ``train_ngrams``.
 
-    ``n`` >= 1; UNK counts as one character (:func:`unk_as_one`). A poem with no line of n characters has no n-gram: the share is 0.0.
+    ``n`` >= 1; UNK counts as one character (:func:`unk_as_one`). A poem with no line of n
+    characters has no n-gram: the share is 0.0.
     """
     _check_str("poem", poem, "copied_ngrams")
     if not isinstance(train_ngrams, (set, frozenset)):

@@ -60,6 +60,15 @@ def test_unk_at_a_rhyme_position_is_not_a_rhyme():
         rhymes(None, "楼", g)
 
 
+def test_copied_ngrams_counts_unk_as_one_character():
+    from attnbook.poems import copied_ngrams, ngram_set
+    grams = ngram_set([POEM], 4)
+    # line 1 with UNK: 白日□山尽 has 2 four-grams, both new; the other 6 are copied (6 / 8);
+    # read as the text '<unk>' it would give 6 new four-grams in line 1 (6 / 12)
+    assert copied_ngrams(POEM.replace("依", "<unk>"), grams) == 6 / 8
+    assert copied_ngrams(POEM, grams) == 1.0
+
+
 def test_unk_as_one_names_its_argument():
     from attnbook.poems import UNK_MARK, unk_as_one
     assert unk_as_one("春<unk>风<unk>") == "春" + UNK_MARK + "风" + UNK_MARK
