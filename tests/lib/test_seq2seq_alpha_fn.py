@@ -8,6 +8,7 @@ import torch
 
 from attnbook.decoding import greedy_decode_batch
 from attnbook.seq2seq import AttentionSeq2Seq
+from test_seq2seq import batch as seq2seq_batch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -26,14 +27,7 @@ def model_of(flow, feed, seed=0):
 
 
 def batch(lengths=LENGTHS, t_tgt=5, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    s = max(lengths)
-    src = torch.randint(3, V_SRC, (len(lengths), s), generator=g)
-    mask = torch.arange(s)[None] < torch.tensor(lengths)[:, None]
-    src = src.masked_fill(~mask, PAD)
-    tgt = torch.randint(3, V_TGT, (len(lengths), t_tgt), generator=g)
-    tgt[:, 0] = BOS
-    return src, mask, tgt
+    return seq2seq_batch(lengths, t_tgt=t_tgt, seed=seed)   # test_seq2seq's padded batch
 
 
 def first_real(alpha, t):

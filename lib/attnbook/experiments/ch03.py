@@ -110,11 +110,11 @@ def make_pair(seed: int):
     return plain, attn
 
 
-def exact_by_length(model, lengths=LENGTHS, n: int = 200) -> list:
-    """Greedy exact match on chapter 02's test sets (``n`` sentences of each length)."""
+def exact_by_length(model, lengths=LENGTHS, n: int = 200, split: str = "test") -> list:
+    """Greedy exact match on chapter 02's ``split`` sets (``n`` sentences of each length)."""
     rows = []
     for m in lengths:
-        tb = reversal_task(min_len=m, max_len=m).batch(n, seed=m, split="test")
+        tb = reversal_task(min_len=m, max_len=m).batch(n, seed=m, split=split)
         hyps = greedy_decode_batch(model.batch_step_fn(tb.src, tb.src_mask), batch_size=len(tb),
                                    bos=BOS_ID, eos=EOS_ID, max_len=m + 3)
         rows.append(evaluate([list(h.tokens) for h in hyps], tb.tgt_out).exact_match)
@@ -353,13 +353,7 @@ def intervention_metrics(model, lengths=LONG, n: int = 200) -> dict:
 def val_exact(model, lengths=LENGTHS, n: int = 100) -> float:
     """Greedy exact match on validation sentences (``n`` of each length), the mean over lengths:
     what picks a model's learning rate (the test sets are not looked at)."""
-    out = []
-    for m in lengths:
-        vb = reversal_task(min_len=m, max_len=m).batch(n, seed=m, split="valid")
-        hyps = greedy_decode_batch(model.batch_step_fn(vb.src, vb.src_mask), batch_size=len(vb),
-                                   bos=BOS_ID, eos=EOS_ID, max_len=m + 3)
-        out.append(evaluate([list(h.tokens) for h in hyps], vb.tgt_out).exact_match)
-    return float(np.mean(out))
+    return float(np.mean(exact_by_length(model, lengths, n=n, split="valid")))
 
 
 def _lr_key(lr: float) -> str:
