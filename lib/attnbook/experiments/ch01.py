@@ -196,9 +196,12 @@ register("ch01.gru_T20", chapter="01", run=run_sweep,
                "两者之差的中位数为正",
          quoted=("best_gru_T20", "best_rnn_T20", "best_gap_T20"))
 register("ch01.lr_reverses_T20", chapter="01", run=run_sweep,
-         rule=Gt("rnn_T20_lr0.01", 0.2),
-         overall=(Rate(Lt("gap_T20_lr0.01", 0), at_least=0.6),), notes=_FAIR,
-         claim="T = 20、学习率 0.01：参数匹配的 RNN 在每个种子上都高于随机猜测，"
+         overall=(Rate(Gt("rnn_T20_lr0.01", 0.2), at_least=0.8),
+                  Rate(Lt("gap_T20_lr0.01", 0), at_least=0.6)),
+         notes=_FAIR + " Restated 2026-12-06: 'rnn_T20_lr0.01 > 0.2 on every seed' held on the 25 "
+               "committed runs but failed on seed 2 of a check on an Intel Xeon under "
+               "ATEN_CPU_CAPABILITY=default; it is now a rate (at least 80 % of the runs).",
+         claim="T = 20、学习率 0.01：参数匹配的 RNN 在绝大多数运行上高于随机猜测，"
                "并在多数种子上超过 GRU（结论随学习率反转）",
          quoted=("rnn_T20_lr0.01", "gru_T20_lr0.01", "gap_T20_lr0.01"))
 register("ch01.T50_unsolved", chapter="01", run=run_sweep,

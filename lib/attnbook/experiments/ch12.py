@@ -140,20 +140,24 @@ def run_sinks(seed: int) -> dict:
 
 
 register("ch12.sinks", chapter="12", run=run_sinks,
-         rule=All(Gt("gap_window", 0.05), Lt("gap_sinks_abs", "gap_window"),
+         rule=All(Gt("gap_window", 0.05),
                   Gt("first_attn_b1", "first_attn_uniform"),
                   Lt("first_attn_b1_max_head", 0.3), Lt("first_attn_b2_max_head", 0.3)),
-         overall=(Rate(Gt("gap_sinks", "gap_window"), at_least=0.5),
+         overall=(Rate(Lt("gap_sinks_abs", "gap_window"), at_least=0.8),
+                  Rate(Gt("gap_sinks", "gap_window"), at_least=0.5),
                   Some(Lt("gap_sinks", "gap_window"))),
          claim="两层 RoPE 小 GPT（唐诗流，训练 200 步）在 64 个词元的留出文本上："
                "只留最近 16 个位置的滚动缓存，第一次挤出之后的损失比全缓存高 0.05 nats 以上；"
-               "另外留下开头 4 个位置、按它们在文本里的位置旋转，每次运行都补回一部分差距；"
+               "另外留下开头 4 个位置、按它们在文本里的位置旋转，绝大多数运行上补回一部分差距；"
                "按 StreamingLLM 在缓存里重新编号，至少半数运行反而比只留窗口更差"
                "（文本没有超出训练长度）；全注意力下，第 1 块里这些查询放在第一个词元上的注意力"
                "（各头平均）高于均匀注意力，但两块里没有一个头的平均超过 0.3",
          notes="Measured inside the training length (64 tokens): re-basing is StreamingLLM's "
                "answer to streams longer than that, which this claim does not test. The first 4 "
                "tokens are BOS and the first poem's first characters; some scored positions are "
-               "still in that poem, so part of what they restore may be content, not a sink.",
+               "still in that poem, so part of what they restore may be content, not a sink. "
+               "Restated 2026-12-06: 'gap_sinks_abs < gap_window on every run' held on the 20 "
+               "committed runs but failed on seed 0 of a check on an Intel Xeon under "
+               "ATEN_CPU_CAPABILITY=default (0.203 vs 0.189); it is now a rate (at least 80 %).",
          quoted=("gap_window", "gap_sinks_abs", "gap_sinks", "first_attn_b1",
                  "first_attn_b1_max_head"), fmt=".2f")
