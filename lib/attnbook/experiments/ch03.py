@@ -142,14 +142,6 @@ def run_length(seed: int) -> dict:
     return m
 
 
-def _variance_holds(m):
-    return (all(m[f"init_var_over_d_{d}"] < 0.05 for d in DIMS)
-            and m[f"init_var_{DIMS[-1]}"] < m[f"init_var_{DIMS[0]}"]
-            and all(m[f"trained_comp_{d}"] < 0.5 for d in DIMS)
-            and m[f"trained_var_{DIMS[-1]}"] > 2 * m[f"trained_var_{DIMS[0]}"]
-            and all(m[f"trained_var_{d}"] > 10 * m[f"init_var_{d}"] for d in DIMS))
-
-
 register("ch03.trained_variance", chapter="03", run=run_trained_variance,
          rule=All(*(Lt(f"init_var_over_d_{d}", 0.05) for d in DIMS),
                   Lt(f"init_var_{DIMS[-1]}", f"init_var_{DIMS[0]}"),

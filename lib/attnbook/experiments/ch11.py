@@ -302,11 +302,6 @@ register("ch11.sampling", chapter="11", run=run_poems_form,
          quoted=("greedy_char_types", "t1_char_types", "wf_t07", "wf_t1", "wf_t13", "wf_top_p"))
 
 
-def _specialised(m) -> str:
-    """The kind of key with the most concentrated head on this seed."""
-    return max(HEAD_KINDS, key=lambda k: m[f"head_{k}"])
-
-
 register("ch11.heads", chapter="11", run=run_poems,
          rule=Any(*(Ge(f"head_{k}", 2) for k in HEAD_KINDS)),
          overall=(ArgmaxVaries(*(f"head_{k}" for k in HEAD_KINDS)), Some(Gt("head_rhyme_slot", 2))),
