@@ -315,10 +315,75 @@ def test_poems_ship_in_the_package_and_split_by_poem():
     c = load_poems()
     assert len(c.train) + len(c.valid) + len(c.test) == 8000
     assert not set(c.train) & set(c.valid) and not set(c.train) & set(c.test)
-    assert all(split_of(p) == "valid" for p in c.valid)
+    assert (len(c.train), len(c.valid), len(c.test)) == (6369, 797, 834)   # after grouping
     assert 0.75 < len(c.train) / 8000 < 0.85                       # CRC-32 buckets 0-7 of 10
+    order = {p: i for i, p in enumerate(poems)}
+    for part in (c.train, c.valid, c.test):                        # file order kept
+        assert [order[p] for p in part] == sorted(order[p] for p in part)
     seen = set("".join(c.train))
     assert len(c.vocab) == len(seen) + 4 and all(ch in c.vocab for ch in seen)
+
+
+def test_poems_sharing_two_lines_never_straddle_splits():
+    from attnbook.data import load_poems, read_poems, shared_line_pairs
+    poems = read_poems()
+    by_hash = {s: [p for p in poems if split_of(p) == s] for s in ("train", "valid", "test")}
+    # the plain hash split (the old one) puts variant texts on both sides: 31 valid, 29 test
+    leaked = {s: {i for i, _ in shared_line_pairs(by_hash[s], by_hash["train"])}
+              for s in ("valid", "test")}
+    assert (len(leaked["valid"]), len(leaked["test"])) == (31, 29)
+    c = load_poems()
+    for a, b in ((c.valid, c.train), (c.test, c.train), (c.valid, c.test)):
+        assert shared_line_pairs(a, b) == []
+    # every poem not in a group keeps its hash split; a group follows its first poem
+    split = {p: s for s in ("train", "valid", "test") for p in getattr(c, s)}
+    grouped = {p for i, j in shared_line_pairs(poems) for p in (poems[i], poems[j])}
+    assert len(grouped) == 410
+    assert all(split[p] == split_of(p) for p in poems if p not in grouped)
+    moved = [p for p in poems if split[p] != split_of(p)]
+    assert len(moved) == 68
+    for i, j in shared_line_pairs(poems):
+        assert split[poems[i]] == split[poems[j]]
+    again = load_poems()                                           # deterministic
+    assert (again.train, again.valid, again.test) == (c.train, c.valid, c.test)
+    assert again.vocab.itos == c.vocab.itos
+
+
+def test_shared_line_pairs_is_transitive_in_load_poems_and_checks_input():
+    from attnbook.data import shared_line_pairs
+    from attnbook.data.poem_corpus import _group_first
+    a, b, c, d = "甲乙，丙丁。戊己，庚辛。", "甲乙，丙丁。子丑，寅卯。", "子丑，寅卯。辰巳，午未。", "天地，玄黄。宇宙，洪荒。"
+    assert shared_line_pairs([a, b, c, d]) == [(0, 1), (1, 2)]    # a-c share no line
+    assert shared_line_pairs([a, b, c, d], min_shared=1) == [(0, 1), (1, 2)]
+    assert shared_line_pairs([a, b], min_shared=3) == []
+    assert shared_line_pairs([a], [b, c]) == [(0, 0)]
+    assert shared_line_pairs(["甲乙，甲乙。甲乙，丙丁。"], [a]) == [(0, 0)]   # distinct lines
+    assert shared_line_pairs(["甲乙，甲乙。甲乙，子丑。"], [a]) == []          # one distinct
+    assert _group_first([d, c, b, a]) == [0, 1, 1, 1]               # c-b-a chained, first c
+    with pytest.raises(TypeError, match="shared_line_pairs: `poems`"):
+        shared_line_pairs("甲乙，丙丁。")
+    with pytest.raises(TypeError, match="shared_line_pairs: `others`"):
+        shared_line_pairs([a], [1])
+    with pytest.raises(ValueError, match="shared_line_pairs: `min_shared`"):
+        shared_line_pairs([a], min_shared=0)
+
+
+def test_load_poems_limit_groups_within_the_kept_poems():
+    from attnbook.data import load_poems, read_poems, shared_line_pairs
+    poems = read_poems()
+    # the first pair of variant texts whose hash splits differ: (0, 2591), valid and train
+    i, j = next((i, j) for i, j in shared_line_pairs(poems) if split_of(poems[i]) != split_of(poems[j]))
+    for limit in (j, j + 1):
+        c = load_poems(limit=limit)
+        assert len(c.train) + len(c.valid) + len(c.test) == limit
+        split = {p: s for s in ("train", "valid", "test") for p in getattr(c, s)}
+        assert split[poems[i]] == split_of(poems[i])             # the group's first poem
+        assert (poems[j] in split) == (limit > j)
+        if limit > j:                                            # j joins i's split
+            assert split[poems[j]] == split[poems[i]] != split_of(poems[j])
+        assert shared_line_pairs(c.valid, c.train) == shared_line_pairs(c.test, c.train) == []
+    with pytest.raises(ValueError, match="load_poems: `limit`"):
+        load_poems(limit=0)
 
 
 def test_poem_vocabulary_min_count_and_encoding():

@@ -13,7 +13,7 @@ SUBMODULES = {
     "strings": {"copy_task", "reversal_task", "sorting_task", "digit_word_task", "DIGITS"},
     "dates": {"date_task", "format_date", "parse_date", "DATE_FORMATS", "TWO_DIGIT_YEAR_PIVOT"},
     "recall": {"first_token_recall", "adding_problem", "ADDING_BASELINE_MSE"},
-    "poem_corpus": {"PoemCorpus", "load_poems", "read_poems"},
+    "poem_corpus": {"PoemCorpus", "load_poems", "read_poems", "shared_line_pairs"},
 }
 
 

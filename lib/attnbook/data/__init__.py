@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from .dates import (DATE_FORMATS, NUMERIC_DATE_ORDER, TWO_DIGIT_YEAR_PIVOT, date_task, format_date,
                     parse_date)
-from .poem_corpus import PoemCorpus, load_poems, read_poems
+from .poem_corpus import PoemCorpus, load_poems, read_poems, shared_line_pairs
 from .recall import ADDING_BASELINE_MSE, adding_problem, first_token_recall
 from .strings import DIGIT_WORDS, DIGITS, copy_task, digit_word_task, reversal_task, sorting_task
 from .task import SPLITS, Task, split_of
@@ -46,5 +46,5 @@ __all__ = [
     "PAD", "PAD_ID", "SPLITS", "TWO_DIGIT_YEAR_PIVOT", "UNK", "UNK_ID", "ADDING_BASELINE_MSE",
     "Batch", "Task", "Vocab", "adding_problem", "copy_task", "date_task", "digit_word_task",
     "first_token_recall", "format_date", "make_batch", "parse_date", "reversal_task",
-    "sorting_task", "split_of", "PoemCorpus", "load_poems", "read_poems",
+    "sorting_task", "split_of", "PoemCorpus", "load_poems", "read_poems", "shared_line_pairs",
 ]
