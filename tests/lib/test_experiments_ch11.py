@@ -95,6 +95,43 @@ def test_rhyme_chance_pairs_endings_of_different_poems():
     assert 0.05 < real < 0.2
 
 
+def test_rhyme_chance_rejects_poems_without_four_lines():
+    a = "白日依山尽，黄河入海流。欲穷千里目，更上一层楼。"
+    for bad in ("白日依山尽，黄河入海流。", "白日依山尽，黄河入海流。欲穷千里目，。"):
+        with pytest.raises(ValueError, match=r"rhyme_chance: `poems`\[1\] must have four lines"):
+            ch11.rhyme_chance([a, bad])
+    with pytest.raises(ValueError, match="rhyme_chance: `poems`"):
+        ch11.rhyme_chance(["白日"])                  # checked even when there is no pair
+    for bad in (a, [a, 3], None):
+        with pytest.raises(TypeError, match="rhyme_chance: `poems` must be a list of str"):
+            ch11.rhyme_chance(bad)
+
+
+def test_train_model_on_step_sees_every_step_and_changes_nothing():
+    from attnbook.gpt import lm_loss
+    _, _, valid = ch11.corpus()
+    plain = ch11.new_model(seed=3)
+    h_plain = ch11.train_model(plain, seed=3, steps=6)
+    seen, val = [], []
+
+    def hook(step, loss, model):                    # what the chapter does: a valid loss
+        seen.append((step, loss))
+        was = model.training
+        model.eval()
+        with torch.no_grad():
+            val.append(float(lm_loss(model(valid[:8]).logits, valid[:8])))
+        model.train(was)
+
+    hooked = ch11.new_model(seed=3)
+    h_hooked = ch11.train_model(hooked, seed=3, steps=6, on_step=hook)
+    assert [s for s, _ in seen] == list(range(1, 7)) and len(val) == 6
+    assert [x for _, x in seen] == h_hooked.losses == h_plain.losses
+    a, b = plain.state_dict(), hooked.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)   # bit for bit
+    with pytest.raises(TypeError, match="`on_step`"):
+        ch11.train_model(ch11.new_model(seed=3), seed=3, steps=1, on_step=3)
+
+
 def test_bigram_samples_and_baseline_perplexities():
     b = ch11.baselines()
     assert b["ppl_bigram"] < 0.6 * b["ppl_unigram"]

@@ -51,8 +51,13 @@ def new_model(seed: int, **changes) -> GPT:
     return GPT(GPTConfig(len(c.vocab), **{**CONFIG, **changes}))
 
 
-def train_model(model: GPT, seed: int, *, steps: int = STEPS, progress: bool = False):
-    """Train ``model`` on random batches of training poems; returns ``fit``'s History."""
+def train_model(model: GPT, seed: int, *, steps: int = STEPS, progress: bool = False,
+                on_step=None):
+    """Train ``model`` on random batches of training poems; returns ``fit``'s History.
+
+    ``on_step``: None, or ``on_step(step, loss, model)``, passed to ``attnbook.train.fit``
+    (called after every step, e.g. to record a validation loss; it must not change the model's
+    weights or draw from the global RNG if the run is to stay the registered one)."""
     _, train, _ = corpus()
     g = torch.Generator().manual_seed(10_000 + seed)
 
@@ -60,7 +65,7 @@ def train_model(model: GPT, seed: int, *, steps: int = STEPS, progress: bool = F
         return train[torch.randint(len(train), (BATCH,), generator=g)]
 
     return fit(model, batch, loss_fn=lambda m, b: lm_loss(m(b).logits, b), steps=steps,
-               lr=LR, seed=seed, warmup=WARMUP, progress=progress)
+               lr=LR, seed=seed, warmup=WARMUP, progress=progress, on_step=on_step)
 
 
 @functools.lru_cache(maxsize=1)
@@ -110,11 +115,23 @@ def form_metrics(poems: list[str]) -> dict:
 def rhyme_chance(poems: list[str]) -> float:
     """Share of ordered pairs (i, j), i != j, of ``poems`` (each four lines) whose line 2 of
     poem i ends in the rhyme group of line 4 of poem j: how often lines 2 and 4 would rhyme
-    if the endings were paired at random (0.0 for fewer than two poems)."""
+    if the endings were paired at random (0.0 for fewer than two poems).
+
+    Raises ``TypeError`` unless ``poems`` is a list of str, ``ValueError`` naming the first poem
+    that lacks four non-empty lines (:func:`attnbook.poems.split_lines`)."""
+    fn = "rhyme_chance"
+    if isinstance(poems, str) or not isinstance(poems, (list, tuple)) \
+            or not all(isinstance(p, str) for p in poems):
+        raise TypeError(f"{fn}: `poems` must be a list of str (four-line poems), got {poems!r:.60}")
+    lines = [split_lines(unk_as_one(p)) for p in poems]
+    for i, ls in enumerate(lines):
+        if len(ls) < 4 or not ls[1] or not ls[3]:
+            raise ValueError(f"{fn}: `poems`[{i}] must have four lines with lines 2 and 4 "
+                             f"non-empty, got {len(ls)} line(s): {poems[i]!r:.40}")
     if len(poems) < 2:
         return 0.0
     g = rhyme_groups()
-    ends = [(ls[1][-1], ls[3][-1]) for ls in (split_lines(unk_as_one(p)) for p in poems)]
+    ends = [(ls[1][-1], ls[3][-1]) for ls in lines]
     hits = sum(rhymes(a, d, g) for i, (a, _) in enumerate(ends)
                for j, (_, d) in enumerate(ends) if i != j)
     return hits / (len(ends) * (len(ends) - 1))
