@@ -360,6 +360,11 @@ def test_shared_line_pairs_is_transitive_in_load_poems_and_checks_input():
     assert shared_line_pairs(["甲乙，甲乙。甲乙，丙丁。"], [a]) == [(0, 0)]   # distinct lines
     assert shared_line_pairs(["甲乙，甲乙。甲乙，子丑。"], [a]) == []          # one distinct
     assert _group_first([d, c, b, a]) == [0, 1, 1, 1]               # c-b-a chained, first c
+    from attnbook.data import read_poems
+    from attnbook.data.poem_corpus import _lines
+    from attnbook.poems import split_lines
+    for p in read_poems() + ["甲乙，，丙丁。戊", "。甲"]:                # the same lines
+        assert _lines(p) == {line for line in split_lines(p) if line}
     with pytest.raises(TypeError, match="shared_line_pairs: `poems`"):
         shared_line_pairs("甲乙，丙丁。")
     with pytest.raises(TypeError, match="shared_line_pairs: `others`"):

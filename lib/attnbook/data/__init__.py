@@ -27,6 +27,8 @@ Held-out splits never overlap: every example has a key (the source string; for d
 target, so a held-out *date* is never seen in training in any format), and ``split_of(key)``
 assigns it to ``"train"``, ``"valid"`` or ``"test"`` by a fixed hash (CRC-32 mod 10: 0-7 train,
 8 valid, 9 test). Sampling a split draws examples and keeps those whose key falls in it.
+The Tang poems of chapter 11 are split the same way, after grouping the poems that share two or
+more lines (variant texts): a group takes the split of its first poem (``load_poems``).
 
 Randomness: every sampler takes ``seed`` (an int) or a ``torch.Generator`` (advanced in place, so
 repeated calls with the same generator give fresh, reproducible draws).

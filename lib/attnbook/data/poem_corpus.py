@@ -1,6 +1,7 @@
 """The Tang-poem corpus shipped inside the package (chapter 11): nothing is downloaded."""
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -44,10 +45,14 @@ def read_poems() -> list[str]:
     return [line for line in text.splitlines() if line]
 
 
+_MARKS = re.compile("[，。]")
+
+
 def _lines(poem: str) -> frozenset[str]:
-    """The set of a poem's lines (the text between ``，``/``。``); ``poems.split_lines`` in set form."""
-    from ..poems import split_lines          # imported here: attnbook.poems imports attnbook.data
-    return frozenset(line for line in split_lines(poem) if line)
+    """The set of a poem's non-empty lines, the text between ``，``/``。``: the lines of
+    ``attnbook.poems.split_lines`` (a test pins the equality; ``poems`` imports this package,
+    so it is not imported here)."""
+    return frozenset(line for line in _MARKS.split(poem) if line)
 
 
 def shared_line_pairs(poems: Sequence[str], others: Sequence[str] | None = None, *,
