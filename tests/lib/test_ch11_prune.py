@@ -158,7 +158,12 @@ def test_the_claim_rejects_a_rhyme_head_that_matters_at_the_rhyme_position():
           "prune_block2": 0.01, "prune_block1": 0.4, "head_rhyme_slot": 20.0,
           "prune_rhyme_slot_head": 0.004, "prune_rhyme_slot_head_at_end": 0.02}
     assert exp.holds(ok)
-    assert not exp.holds({**ok, "prune_rhyme_slot_head_at_end": 0.2})   # used where it looks
+    assert not exp.holds({**ok, "prune_rhyme_slot_head": 0.02})        # used on average
+    # used where it looks: a rate over the runs since the re-sweep of issue 33
+    at_end = {**ok, "prune_rhyme_slot_head_at_end": 0.2}
+    assert exp.holds(at_end) and exp.holds_all([ok] * 9 + [at_end])      # 1 of 10: a rate
+    assert not exp.holds_all([ok] * 7 + [at_end] * 3)                    # 3 of 10: fails
+    assert exp.holds_all([ok] * 7 + [{**at_end, "head_rhyme_slot": 4.0}] * 3)   # binds > 5
     assert not exp.holds({**ok, "prune_block2_max": 0.05})               # block 2 mattered
     assert not exp.holds({**ok, "prune_max_block": 2})
     assert exp.holds({**ok, "head_rhyme_slot": 1.5, "prune_rhyme_slot_head_at_end": 0.2})

@@ -331,16 +331,20 @@ register("ch11.heads", chapter="11", run=run_poems,
 register("ch11.prune", chapter="11", run=run_poems,
          rule=All(Lt("prune_max_block", 1.5), Lt("prune_block2_max", 0.01), Lt("prune_block2",
                   0.02),
-                  Any(Le("head_rhyme_slot", 5), All(Lt("prune_rhyme_slot_head", 0.01),
-                                                  Lt("prune_rhyme_slot_head_at_end", 0.05)))),
+                  Any(Le("head_rhyme_slot", 5), Lt("prune_rhyme_slot_head", 0.01))),
          overall=(Some(Gt("head_rhyme_slot", 5)), Rate(Ge("prune_max", 0.1), at_least=0.7),
-                  Rate(Ge("prune_block1", 0.3), at_least=0.8)),
+                  Rate(Ge("prune_block1", 0.3), at_least=0.8),
+                  Rate(Any(Le("head_rhyme_slot", 5), Lt("prune_rhyme_slot_head_at_end", 0.05)),
+                       at_least=0.8)),
          notes="Restated 2026-12-05: prune_max >= 0.1 holds on 20 of 25 runs and prune_block1 "
-               ">= 0.3 on 22 of 25; both are rates now. The rhyme clause binds where "
-               "head_rhyme_slot > 5.",
+               ">= 0.3 on 22 of 25; both are rates now. The rhyme clauses bind where "
+               "head_rhyme_slot > 5. Re-swept 2026-12-06 on the deduplicated split (issue 33; "
+               "every earlier row deleted): 'prune_rhyme_slot_head_at_end < 0.05 on every run' "
+               "failed on seed 1 (EPYC AVX2, 0.0503); it is now a rate (at least 80 %).",
          claim="在 100 首留出的诗上逐个剪掉一个头（它的输出在 W^O 之前置零，不重新训练）：每次运行最贵的头都在第 1 块，"
                "第 2 块的每个头都不到 0.01 nats/词元，4 个一起剪也不到 0.02；最贵的头让留出损失升高不少于 0.1"
                "（至少七成的运行），整个第 1 块一起剪升高不少于 0.3（至少八成的运行）；在有头以均匀 5 倍以上的注意力看押韵那一格的种子上，剪掉那个头，"
-               "平均损失升高不到 0.01，只在它看押韵那一格的那个位置（预测第 4 句末字）上也不到 0.05",
+               "平均损失升高不到 0.01，只在它看押韵那一格的那个位置（预测第 4 句末字）上也不到 0.05"
+               "（至少八成的运行）",
          quoted=("prune_max", "prune_median", "prune_block2_max", "prune_block1", "prune_block2"),
          fmt=".3f")
