@@ -151,6 +151,19 @@ def test_the_over_the_runs_rule_can_fail_alone():
     assert not s["holds"] and "fails 'median over the runs: z > 0.5'" in core.failures([s])[0]
 
 
+def test_worst_margin_names_the_rule_that_is_thinnest():
+    reg = {}
+    core.register("ch97.rate", chapter="97", run=lambda s: {"x": float(s)}, claim="x",
+                  rule=Lt("x", 100.0), overall=(Rate(Gt("x", 1.5), at_least=0.5),), registry=reg)
+    rows = core.run_experiments([reg["ch97.rate"]], [0, 1, 2, 3], progress=False)
+    s = core.summarize(reg["ch97.rate"], rows)           # x > 1.5 on 2 of 4: the rate's edge
+    text = core.markdown([s], {})
+    assert s["margin"] == 0 and "Worst margin: 0.0 % (over the runs: `x > 1.5 on at least" in text
+    rows = core.run_experiments([reg["ch97.rate"]], [2, 3, 99], progress=False)
+    s = core.summarize(reg["ch97.rate"], rows)           # the per-run clause is thinnest now
+    assert "Worst margin: 1.0 % (seed 99, here: `x < 100`)" in core.markdown([s], {})
+
+
 def test_summarize_rejects_runs_with_different_metrics():
     reg, _ = fake_registry()
     rows = [dict(claim="ch99.small", seed=0, env="e", metrics={"x": 0.0, "y": 0.0}, seconds=0),

@@ -180,6 +180,16 @@ def summarize(exp: Experiment, rows: Sequence[dict]) -> dict:
                 quotes=quotes, fmt=exp.fmt, notes=exp.notes)
 
 
+def _worst_where(s: dict) -> str:
+    """Where a summary's worst margin is: one run's clause, or a rule over the runs when that
+    is lower (the per-run label would otherwise name a clause that is far from its edge)."""
+    rates = [o for o in s["overall"] if o["margin"] == s["margin"]]
+    per_run = min((p["margin"] for p in s["per_run"]), default=math.inf)
+    if rates and s["margin"] < per_run:
+        return f"over the runs: `{rates[0]['rule']}`"
+    return f"seed {s['worst']['seed']}, {s['worst']['env']}: `{s['worst']['clause']}`"
+
+
 def _check_range_text(stats, fmt) -> None:
     if not isinstance(stats, dict) or not all(k in stats for k in ("min", "median", "max")):
         raise TypeError(f"range_text: `stats` must be a dict with 'min', 'median' and 'max' (one "
@@ -483,8 +493,7 @@ def markdown(summaries: Sequence[dict], envs: dict, *, target_seeds: int = len(S
         lines += ["", f"## {s['claim']}", "", f"Claim (chapter {s['chapter']}): {s['statement']}", "",
                   f"Rule: {s['rule']}", "", f"One seed = {s['unit']}. Runs: {s['runs']} "
                   f"(seeds {', '.join(map(str, s['seeds']))}; environments {', '.join(s['envs'])}).",
-                  "", f"Worst margin: {_pct(s['margin'])} (seed {s['worst']['seed']}, "
-                  f"{s['worst']['env']}: `{s['worst']['clause']}`)."]
+                  "", f"Worst margin: {_pct(s['margin'])} ({_worst_where(s)})."]
         for o in s["overall"]:
             extra = (f": {o['k']}/{o['n']} runs, 95 % interval {o['lo']:.2f}–{o['hi']:.2f}"
                      if "k" in o else "")
