@@ -46,6 +46,7 @@ def test_rule_text_verdict_and_margin():
     assert both.margin({"a": 1.5, "b": 0.2}) == pytest.approx(1 / 3)
     assert both.weakest({"a": 1.5, "b": 0.2}).text() == "a > 1"
     assert Any(Gt("a", 1), Gt("b", 1)).holds({"a": 0, "b": 2})
+    assert Any(Gt("a", 1), Gt("b", 1)).weakest({"a": 0, "b": 1.05}).text() == "b > 1"
     assert not Any(Gt("a", 1), Gt("b", 1)).holds({"a": 0, "b": 0})
     assert Between("v", 0, 1).holds({"v": 0.5}) and not Between("v", 0, 1).holds({"v": 1.5})
     assert Near("s", 1, 0.03).text() == "|s - 1| < 0.03" and not Near("s", 1, 0.03).holds({"s": 1.04})

@@ -198,6 +198,13 @@ class Any(All):
     def holds(self, metrics):
         return any(p.holds(metrics) for p in self.parts)
 
+    def weakest(self, metrics) -> Rule | None:
+        """The part that decides this run: the one with the largest margin (Any's own margin);
+        the smallest would name a part that is irrelevant while another holds."""
+        if not self.parts:
+            return None
+        return max(self._margins(metrics), key=lambda t: t[0])[1]
+
 
 class Between(All):
     """``lo < key < hi`` (lo, hi: numbers or metric names)."""
