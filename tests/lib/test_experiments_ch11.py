@@ -165,3 +165,20 @@ def test_run_poems_holds_on_seed_0():
         assert set(exp.quoted) <= set(m) and exp.holds(m), name
     assert set(ch11.run_poems_form(0)) - set(ch11.run_poems(0)) == {
         f"rhyme_chance_{w}" for w in ("gpt", "init", "bigram")}  # old rows lack only these
+
+
+def test_heads_claim_is_a_rate_over_runs():
+    exp = experiments.get("ch11.heads")
+    kinds = ch11.HEAD_KINDS
+    base = {f"head_{k}": 1.2 for k in kinds}
+
+    def run(best, value):
+        return {**base, f"head_{best}": value}
+
+    varied = [run(kinds[i % len(kinds)], 30.0) for i in range(8)] + [run("rhyme_slot", 9.0)]
+    flat = run("previous", 1.5)                             # no head at 2x uniform
+    assert exp.holds_all(varied + [flat])                   # 1 of 10: still holds
+    assert not exp.holds_all(varied[:7] + [flat] * 3)       # 3 of 10: fails
+    same = [run("previous", 30.0)] * 9 + [run("rhyme_slot", 9.0)]
+    assert not exp.holds_all([run("previous", 30.0)] * 10)  # never the rhyme slot, never varies
+    assert exp.holds_all(same)

@@ -256,7 +256,9 @@ register("ch11.perplexity", chapter="11", run=run_poems,
                   Gt("ppl_init", "ppl_unigram")),
          claim="训练 400 步的小 GPT 在留出的诗上困惑度低于二元模型（bigram），二元模型又低于一元模型的 0.6 倍；"
                "训练前的模型比一元模型还差",
-         notes="A first version asked ppl_model < 0.9 ppl_bigram; seed 2 gives 244 against 256.5.",
+         notes="A first version asked ppl_model < 0.9 ppl_bigram; seed 2 gave 244 against 256.5 "
+               "(on the split before issue 33's deduplication). Re-swept 2026-12-06 on the "
+               "deduplicated split (every earlier row deleted): bigram 264.5, worst run 0.935x.",
          quoted=("ppl_model", "ppl_init"), fmt=".0f")
 register("ch11.form", chapter="11", run=run_poems_form,
          rule=All(Gt("well_formed_gpt", 0.5), Lt("rhyme_of_shaped_gpt", 0.3),
@@ -320,9 +322,13 @@ register("ch11.sampling", chapter="11", run=run_poems_form,
 
 
 register("ch11.heads", chapter="11", run=run_poems,
-         rule=Any(*(Ge(f"head_{k}", 2) for k in HEAD_KINDS)),
-         overall=(ArgmaxVaries(*(f"head_{k}" for k in HEAD_KINDS)), Some(Gt("head_rhyme_slot", 2))),
-         claim="在 100 首留出的诗上，每个种子的模型都有一个头专门看某一类位置（不少于均匀注意力的 2 倍），"
+         overall=(Rate(Any(*(Ge(f"head_{k}", 2) for k in HEAD_KINDS)), at_least=0.8),
+                  ArgmaxVaries(*(f"head_{k}" for k in HEAD_KINDS)), Some(Gt("head_rhyme_slot", 2))),
+         notes="Restated 2026-12-06 after the re-sweep on the deduplicated split (issue 33): "
+               "'some head at least 2x uniform on every run' held on 20 of 20, but the weakest "
+               "run (seed 8, EPYC DEFAULT: rhyme slot 2.05x) is 2.5 % from the bound, so another "
+               "CPU's rounding could flip it: it is now a rate (at least 80 % of runs).",
+         claim="在 100 首留出的诗上，绝大多数运行（至少八成）的模型都有一个头专门看某一类位置（不少于均匀注意力的 2 倍），"
                "但看的是哪一类因种子而异；有的种子上有头把注意力集中到押韵那一格，押韵率却仍在随机水平",
          quoted=("head_previous", "head_line_start", "head_prev_line_same", "head_rhyme_slot",
                  "head_bos"))
@@ -344,7 +350,7 @@ register("ch11.prune", chapter="11", run=run_poems,
          claim="在 100 首留出的诗上逐个剪掉一个头（它的输出在 W^O 之前置零，不重新训练）：每次运行最贵的头都在第 1 块，"
                "第 2 块的每个头都不到 0.01 nats/词元，4 个一起剪也不到 0.02；最贵的头让留出损失升高不少于 0.1"
                "（至少七成的运行），整个第 1 块一起剪升高不少于 0.3（至少八成的运行）；在有头以均匀 5 倍以上的注意力看押韵那一格的种子上，剪掉那个头，"
-               "平均损失升高不到 0.01，只在它看押韵那一格的那个位置（预测第 4 句末字）上也不到 0.05"
-               "（至少八成的运行）",
+               "平均损失升高不到 0.01；只在它看押韵那一格的那个位置（预测第 4 句末字）上量，"
+               "至少八成的运行或者没有这样的头、或者剪掉它升高不到 0.05",
          quoted=("prune_max", "prune_median", "prune_block2_max", "prune_block1", "prune_block2"),
          fmt=".3f")

@@ -144,12 +144,12 @@ register("ch12.sinks", chapter="12", run=run_sinks,
                   Gt("first_attn_b1", "first_attn_uniform"),
                   Lt("first_attn_b1_max_head", 0.3), Lt("first_attn_b2_max_head", 0.3)),
          overall=(Rate(Lt("gap_sinks_abs", "gap_window"), at_least=0.8),
-                  Rate(Gt("gap_sinks", "gap_window"), at_least=0.5),
+                  Rate(Gt("gap_sinks", "gap_window"), at_least=0.3),
                   Some(Lt("gap_sinks", "gap_window"))),
          claim="两层 RoPE 小 GPT（唐诗流，训练 200 步）在 64 个词元的留出文本上："
                "只留最近 16 个位置的滚动缓存，第一次挤出之后的损失比全缓存高 0.05 nats 以上；"
                "另外留下开头 4 个位置、按它们在文本里的位置旋转，绝大多数运行上补回一部分差距；"
-               "按 StreamingLLM 在缓存里重新编号，至少半数运行反而比只留窗口更差"
+               "按 StreamingLLM 在缓存里重新编号，相当一部分运行（至少三成）反而比只留窗口更差"
                "（文本没有超出训练长度）；全注意力下，第 1 块里这些查询放在第一个词元上的注意力"
                "（各头平均）高于均匀注意力，但两块里没有一个头的平均超过 0.3",
          notes="Measured inside the training length (64 tokens): re-basing is StreamingLLM's "
@@ -158,6 +158,12 @@ register("ch12.sinks", chapter="12", run=run_sinks,
                "still in that poem, so part of what they restore may be content, not a sink. "
                "Restated 2026-12-06: 'gap_sinks_abs < gap_window on every run' held on the 20 "
                "committed runs but failed on seed 0 of a check on an Intel Xeon under "
-               "ATEN_CPU_CAPABILITY=default (0.203 vs 0.189); it is now a rate (at least 80 %).",
+               "ATEN_CPU_CAPABILITY=default (0.203 vs 0.189); it is now a rate (at least 80 %). "
+               "Re-swept 2026-12-06 on the deduplicated poem split (issue 33; every earlier row "
+               "deleted): sinks at text positions help on 19 of 20 runs; re-basing is worse on "
+               "exactly 10 of 20, the edge of the earlier 'at least half' (was 13 of 20 before "
+               "the re-sweep), so a check whose fresh runs fall below half would fail it by "
+               "chance: restated as at least 30 % of runs (the point is that re-basing does "
+               "not reliably help inside the training length, not how often it hurts).",
          quoted=("gap_window", "gap_sinks_abs", "gap_sinks", "first_attn_b1",
                  "first_attn_b1_max_head"), fmt=".2f")
