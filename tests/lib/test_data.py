@@ -339,6 +339,9 @@ def test_poems_sharing_two_lines_never_straddle_splits():
     split = {p: s for s in ("train", "valid", "test") for p in getattr(c, s)}
     grouped = {p for i, j in shared_line_pairs(poems) for p in (poems[i], poems[j])}
     assert len(grouped) == 410
+    from attnbook.data.poem_corpus import _group_first
+    first = _group_first(poems)
+    assert len({first[i] for i, p in enumerate(poems) if p in grouped}) == 203    # groups
     assert all(split[p] == split_of(p) for p in poems if p not in grouped)
     moved = [p for p in poems if split[p] != split_of(p)]
     assert len(moved) == 68
@@ -389,6 +392,19 @@ def test_load_poems_limit_groups_within_the_kept_poems():
         assert shared_line_pairs(c.valid, c.train) == shared_line_pairs(c.test, c.train) == []
     with pytest.raises(ValueError, match="load_poems: `limit`"):
         load_poems(limit=0)
+
+
+def test_load_poems_groups_after_cutting_at_limit(monkeypatch):
+    """a and b share no line; c shares two with each. Cut before c, b keeps its own split;
+    with c, b follows a. Grouping the whole file first would put b with a in both cases."""
+    from attnbook.data import load_poems, poem_corpus
+    a, b, c = "戊辛，己子。庚卯，辛午。", "壬酉，癸甲。子丁，丑庚。", "戊辛，己子。壬酉，癸甲。"
+    assert (split_of(a), split_of(b)) == ("test", "train")
+    monkeypatch.setattr(poem_corpus, "read_poems", lambda: [a, b, c])
+    cut = load_poems(limit=2)
+    assert (cut.train, cut.test) == ([b], [a])
+    whole = load_poems()
+    assert whole.test == [a, b, c] and whole.train == []
 
 
 def test_poem_vocabulary_min_count_and_encoding():
